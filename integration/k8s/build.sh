@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes components the integration tests run against, from the Go module proxy,
+# and caches them outside the repository keyed by version, so a second run builds nothing.
+#
+#   integration/k8s/build.sh            build (or reuse) everything, print `NAME=PATH` lines
+#   K8S_VERSION=v1.37.2 integration/k8s/build.sh   the same for another Kubernetes release
+#
+# Output (stdout, one per line, nothing else): kube-apiserver=... kube-scheduler=... and so on,
+# which the Rust test support reads. Progress goes to stderr.
+set -euo pipefail
+
+# The one approved way to get a Go newer than the machine's (Kubernetes 1.37 needs it).
+export GOTOOLCHAIN=go1.27.3
+export GOFLAGS=-buildvcs=false
+export CGO_ENABLED=0
+
+K8S_VERSION="${K8S_VERSION:-v1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+HELM_VERSION="${HELM_VERSION:-v4.3.2}"
+CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+log() { echo "k8s-build: $*" >&2; }
+
+# Staging modules (k8s.io/api, k8s.io/client-go, ...) are released as v0.<minor>.<patch>.
+staging_version() {
+	local v="${1#v}"
+	echo "v0.${v#*.}"
+}
+
+k8s_bin="$CACHE/kubernetes-$K8S_VERSION"
+etcd_bin="$CACHE/etcd-$ETCD_VERSION"
+helm_bin="$CACHE/helm-$HELM_VERSION"
+# Our own Go tools change with the repository: key them by their source as well as the release.
+tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go) | sha256sum | cut -c1-16)"
+tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
+
+have_all() {
+	local dir="$1"
+	shift
+	for name in "$@"; do [[ -x "$dir/$name" ]] || return 1; done
+}
+
+# Writes the module that pins one Kubernetes release: replace directives for every staging module
+# are read from that release's own go.mod, never typed by hand.
+prepare_k8s_module() {
+	local dir="$1" staging gomod go_line
+	staging="$(staging_version "$K8S_VERSION")"
+	log "resolving k8s.io/kubernetes@$K8S_VERSION"
+	gomod="$(cd "$CACHE" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+	[[ -f "$gomod" ]] || { log "no go.mod downloaded for k8s.io/kubernetes@$K8S_VERSION"; exit 1; }
+	go_line="$(grep -m1 '^go ' "$gomod")"
+	mkdir -p "$dir"
+	{
+		sed -e "s/@GO_LINE@/$go_line/" -e "s/@K8S_VERSION@/$K8S_VERSION/" "$HERE/go.mod.in"
+		echo
+		echo "replace ("
+		# Staging modules are required at v0.0.0 and replaced by ./staging paths upstream.
+		awk '/^replace/ {exit} $1 ~ /^k8s\.io\// && $2 == "v0.0.0" {print $1}' "$gomod" | sort -u |
+			while read -r mod; do echo "	$mod => $mod $staging"; done
+		echo ")"
+	} >"$dir/go.mod"
+	rm -rf "$dir/cmd"
+	cp -r "$HERE/cmd" "$dir/cmd"
+	(cd "$dir" && go mod tidy >&2)
+}
+
+build_kubernetes() {
+	local names=(kube-apiserver kube-scheduler kube-controller-manager kubectl)
+	if ! have_all "$k8s_bin" "${names[@]}" || ! have_all "$tools_bin" kubelet-sim cdi-check; then
+		local src="$CACHE/src/kubernetes-$K8S_VERSION"
+		prepare_k8s_module "$src"
+		local minor="${K8S_VERSION#v1.}"
+		minor="${minor%%.*}"
+		local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION \
+-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor \
+-X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
+		if ! have_all "$k8s_bin" "${names[@]}"; then
+			log "building Kubernetes $K8S_VERSION (first time only; takes a while on 2 cores)"
+			mkdir -p "$k8s_bin.tmp"
+			(cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$k8s_bin.tmp/" \
+				k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+				k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl >&2)
+			rm -rf "$k8s_bin" && mv "$k8s_bin.tmp" "$k8s_bin"
+		fi
+		log "building kubelet-sim and cdi-check against Kubernetes $K8S_VERSION"
+		mkdir -p "$tools_bin.tmp"
+		(cd "$src" && go build -trimpath -o "$tools_bin.tmp/" ./cmd/kubelet-sim ./cmd/cdi-check >&2)
+		rm -rf "$tools_bin" && mv "$tools_bin.tmp" "$tools_bin"
+	fi
+}
+
+build_etcd() {
+	have_all "$etcd_bin" etcd && return
+	log "building etcd $ETCD_VERSION"
+	local src="$CACHE/src/etcd-$ETCD_VERSION"
+	mkdir -p "$src"
+	cat >"$src/go.mod" <<EOF
+module vgpu-dra.test/etcd
+
+go 1.24
+EOF
+	# etcd's server module carries etcdmain; a three-line main makes it the etcd binary.
+	cat >"$src/main.go" <<'EOF'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+	(cd "$src" && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >&2 && go mod tidy >&2 &&
+		mkdir -p "$etcd_bin.tmp" && go build -trimpath -ldflags "-s -w" -o "$etcd_bin.tmp/etcd" . >&2)
+	rm -rf "$etcd_bin" && mv "$etcd_bin.tmp" "$etcd_bin"
+}
+
+build_helm() {
+	have_all "$helm_bin" helm && return
+	log "building helm $HELM_VERSION"
+	local major="${HELM_VERSION%%.*}"
+	mkdir -p "$helm_bin.tmp"
+	(cd "$CACHE" && GOBIN="$helm_bin.tmp" go install -trimpath -ldflags "-s -w" \
+		"helm.sh/helm/$major/cmd/helm@$HELM_VERSION" >&2)
+	rm -rf "$helm_bin" && mv "$helm_bin.tmp" "$helm_bin"
+}
+
+mkdir -p "$CACHE"
+start=$SECONDS
+build_etcd
+build_kubernetes
+build_helm
+log "components ready in $((SECONDS - start)) s (cache: $CACHE)"
+
+for name in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
+	echo "$name=$k8s_bin/$name"
+done
+echo "etcd=$etcd_bin/etcd"
+echo "helm=$helm_bin/helm"
+echo "kubelet-sim=$tools_bin/kubelet-sim"
+echo "cdi-check=$tools_bin/cdi-check"
