@@ -109,7 +109,10 @@ func (p *healthPrinter) HandleWatchResourcesStream(ctx context.Context, stream d
 	}
 }
 
+// sources tells the plugin manager that all pod sources are ready, as a running kubelet would.
 type sources struct{}
+
+var _ config.SourcesReady = sources{}
 
 func (sources) AddSource(string) {}
 func (sources) AllReady() bool   { return true }

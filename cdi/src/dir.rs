@@ -1,0 +1,247 @@
+//! A CDI spec directory (`/var/run/cdi` by default) holding one spec file per prepared claim.
+//!
+//! Container runtimes read this directory at any moment, so a spec file must never be seen half
+//! written: each write goes to a hidden temp file in the same directory (which runtimes ignore,
+//! lacking a `.json` suffix), is fsynced, renamed over the target and the directory fsynced.
+
+use std::fs::{self, File};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::{DeviceName, Kind, NameError, Spec};
+
+/// Prefix of temp files; they lack a `.json` suffix so no CDI reader loads them.
+const TEMP_PREFIX: &str = ".cdi-tmp-";
+
+/// Failures of spec directory operations, each naming the file involved.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecDirError {
+    /// A spec ID would not make a safe file name.
+    #[error("spec id {id:?} is not a safe file name")]
+    BadId {
+        /// The ID as given.
+        id: String,
+        /// Why it is refused.
+        #[source]
+        source: NameError,
+    },
+    /// The directory could not be created or read.
+    #[error("CDI spec directory {path}")]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing a spec file failed; the previous file, if any, is unchanged.
+    #[error("writing CDI spec {path}")]
+    Write {
+        /// The target file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// Removing a spec file failed.
+    #[error("removing CDI spec {path}")]
+    Remove {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A spec file could not be read or parsed.
+    #[error("reading CDI spec {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A directory of CDI specs of one kind, owned by this driver.
+#[derive(Debug, Clone)]
+pub struct SpecDir {
+    path: PathBuf,
+    kind: Kind,
+}
+
+/// A spec file of this driver found in the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedSpec {
+    /// The ID the spec was written under (the claim UID).
+    pub id: String,
+    /// Its file.
+    pub path: PathBuf,
+}
+
+impl SpecDir {
+    /// A handle on `path` for specs of `kind`; nothing is touched until the first operation.
+    pub fn new(path: impl Into<PathBuf>, kind: Kind) -> Self {
+        Self { path: path.into(), kind }
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The kind of the specs this handle owns.
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    /// The file that holds the spec stored under `id`.
+    ///
+    /// # Errors
+    /// [`SpecDirError::BadId`] when `id` is not a valid CDI device name (so never a path).
+    pub fn file_for(&self, id: &str) -> Result<PathBuf, SpecDirError> {
+        DeviceName::new(id).map_err(|source| SpecDirError::BadId { id: id.into(), source })?;
+        Ok(self.path.join(format!("{}_{id}.json", self.kind.file_stem())))
+    }
+
+    /// Writes `spec` under `id` atomically: readers see the old file or the new one, never a mix.
+    ///
+    /// # Errors
+    /// [`SpecDirError`] naming the file; on error the previous file is unchanged.
+    pub fn write(&self, id: &str, spec: &Spec) -> Result<PathBuf, SpecDirError> {
+        let staged = self.stage(id, spec)?;
+        staged.commit()
+    }
+
+    /// First half of [`SpecDir::write`]: the content is durable in a temp file, not yet visible.
+    ///
+    /// # Errors
+    /// [`SpecDirError`] naming the file.
+    pub fn stage(&self, id: &str, spec: &Spec) -> Result<StagedSpec, SpecDirError> {
+        let target = self.file_for(id)?;
+        let write_err = |source| SpecDirError::Write { path: target.clone(), source };
+        fs::create_dir_all(&self.path).map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
+        let mut body = serde_json::to_vec_pretty(spec).map_err(|e| write_err(io::Error::other(e)))?;
+        body.push(b'\n');
+        let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).tempfile_in(&self.path).map_err(write_err)?;
+        tmp.write_all(&body).map_err(write_err)?;
+        tmp.as_file().sync_all().map_err(write_err)?;
+        Ok(StagedSpec { tmp, target, dir: self.path.clone() })
+    }
+
+    /// Removes the spec stored under `id`; a missing file is not an error.
+    ///
+    /// # Errors
+    /// [`SpecDirError`] naming the file.
+    pub fn remove(&self, id: &str) -> Result<bool, SpecDirError> {
+        let path = self.file_for(id)?;
+        match fs::remove_file(&path) {
+            Ok(()) => {
+                sync_dir(&self.path).map_err(|source| SpecDirError::Remove { path: path.clone(), source })?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(SpecDirError::Remove { path, source }),
+        }
+    }
+
+    /// Reads back the spec stored under `id`, `None` when there is none.
+    ///
+    /// # Errors
+    /// [`SpecDirError::Read`] when the file exists but cannot be read or parsed.
+    pub fn read(&self, id: &str) -> Result<Option<Spec>, SpecDirError> {
+        let path = self.file_for(id)?;
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map(Some)
+                .map_err(|e| SpecDirError::Read { path, source: io::Error::new(io::ErrorKind::InvalidData, e) }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(SpecDirError::Read { path, source }),
+        }
+    }
+
+    /// Lists the spec files of this kind, by the ID they were written under, sorted by ID.
+    /// Files of other kinds and other drivers are left alone.
+    ///
+    /// # Errors
+    /// [`SpecDirError::Dir`] when the directory cannot be read (a missing one lists nothing).
+    pub fn list_owned(&self) -> Result<Vec<OwnedSpec>, SpecDirError> {
+        let prefix = format!("{}_", self.kind.file_stem());
+        let entries = match fs::read_dir(&self.path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(SpecDirError::Dir { path: self.path.clone(), source }),
+        };
+        let mut owned = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|n| n.strip_suffix(".json")) else {
+                continue;
+            };
+            if DeviceName::new(id).is_ok() {
+                owned.push(OwnedSpec { id: id.to_owned(), path: entry.path() });
+            }
+        }
+        owned.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(owned)
+    }
+
+    /// Deletes temp files left by a crash between staging and commit; returns how many.
+    ///
+    /// # Errors
+    /// [`SpecDirError`] when the directory cannot be read or a file not removed.
+    pub fn remove_stale_temps(&self) -> Result<usize, SpecDirError> {
+        let entries = match fs::read_dir(&self.path) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(source) => return Err(SpecDirError::Dir { path: self.path.clone(), source }),
+        };
+        let mut removed = 0;
+        for entry in entries {
+            let entry = entry.map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX)) {
+                let path = entry.path();
+                fs::remove_file(&path).map_err(|source| SpecDirError::Remove { path, source })?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// A spec written to a temp file beside its target, made visible by [`StagedSpec::commit`].
+#[derive(Debug)]
+pub struct StagedSpec {
+    tmp: tempfile::NamedTempFile,
+    target: PathBuf,
+    dir: PathBuf,
+}
+
+impl StagedSpec {
+    /// Renames the temp file over the target and fsyncs the directory.
+    ///
+    /// # Errors
+    /// [`SpecDirError::Write`]; the previous target, if any, is unchanged.
+    pub fn commit(self) -> Result<PathBuf, SpecDirError> {
+        let target = self.target;
+        self.tmp
+            .persist(&target)
+            .map_err(|e| SpecDirError::Write { path: target.clone(), source: e.error })?;
+        sync_dir(&self.dir).map_err(|source| SpecDirError::Write { path: target.clone(), source })?;
+        Ok(target)
+    }
+
+    /// Leaves the temp file on disk without committing, as a crash at this point would.
+    pub fn abandon(self) -> PathBuf {
+        match self.tmp.into_temp_path().keep() {
+            Ok(path) => path,
+            Err(e) => e.path.to_path_buf(),
+        }
+    }
+}
+
+/// Makes a rename or unlink in `dir` durable.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
