@@ -1,1 +1,23 @@
-//! placeholder
+//! The allocation core of vgpu-dra: what a share of a GPU is, in numbers.
+//!
+//! This crate holds the GPU model, Kubernetes quantity arithmetic, capacity request policies
+//! (rounded exactly as kube-scheduler rounds them), the devices a node publishes, the ledger of
+//! prepared shares, the HAMi-core limits derived from consumed capacity and the conversion of HAMi's
+//! resource names into capacity requests. It is pure logic: no I/O, no async, no Kubernetes client,
+//! no NVML, so the publisher, the kubelet plugin and a webhook or scheduler extender can share it.
+
+pub mod quantity;
+
+pub use quantity::{Format, Quantity, QuantityError};
+pub mod names;
+pub mod policy;
+
+pub use names::{DeviceName, DriverName, NameError, Uid};
+pub use policy::{Capacity, PolicyError, RequestPolicy, ValidRequests};
+pub mod config;
+pub mod device;
+pub mod model;
+
+pub use config::{ConfigError, DeviceFilter, Ratio, SharingConfig};
+pub use device::{Attribute, PublishedDevice, publish};
+pub use model::{Gpu, Health, Inventory, MigDevice};
