@@ -1,1 +1,10 @@
-//! placeholder
+//! vgpu-dra: a Kubernetes DRA driver that shares NVIDIA GPUs between pods with HAMi-core limits.
+//!
+//! The library holds everything the `vgpu-dra` binary does, so tests can call it: discovery of
+//! the node's GPUs ([`discovery`]), the ResourceSlices built from them ([`slices`]) and the
+//! command-line front end ([`cli`]). The arithmetic lives in `vgpu-scheduling`, the CDI file
+//! handling in `cdi-spec`, the kubelet's wire contracts in `vgpu-dra-proto`.
+
+pub mod cli;
+pub mod discovery;
+pub mod slices;

@@ -1,1 +1,24 @@
-fn main() {}
+//! The `vgpu-dra` binary: parse the command line, run the subcommand, map errors to exit codes.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use vgpu_dra::cli::{Cli, Command, UsageError, inventory};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Inventory(args) => inventory(args, &mut std::io::stdout().lock()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is::<UsageError>() => {
+            eprintln!("vgpu-dra: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("vgpu-dra: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
