@@ -1,0 +1,75 @@
+//! Paths of the Go-built components, from `VGPU_DRA_BIN_<NAME>` (set by `scripts/test.sh`) or by
+//! running `integration/k8s/build.sh`, which reuses its cache.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, bail};
+
+/// The binaries the test bed runs.
+#[derive(Debug, Clone)]
+pub struct Components {
+    /// etcd.
+    pub etcd: PathBuf,
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+    /// kube-scheduler.
+    pub kube_scheduler: PathBuf,
+    /// kube-controller-manager.
+    pub kube_controller_manager: PathBuf,
+    /// kubectl.
+    pub kubectl: PathBuf,
+    /// helm.
+    pub helm: PathBuf,
+    /// The kubelet's plugin manager and DRA client, as a command-line peer.
+    pub kubelet_sim: PathBuf,
+    /// The reference CDI library, as a command-line checker.
+    pub cdi_check: PathBuf,
+}
+
+const NAMES: [&str; 8] = ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm", "kubelet-sim", "cdi-check"];
+
+/// The components, found or built once per test process.
+///
+/// # Errors
+/// When a component is missing and cannot be built; tests fail on it (never skip), so CI notices.
+pub fn components() -> anyhow::Result<&'static Components> {
+    static FOUND: OnceLock<Result<Components, String>> = OnceLock::new();
+    FOUND.get_or_init(|| locate().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow::anyhow!("test bed components unavailable: {e}"))
+}
+
+fn locate() -> anyhow::Result<Components> {
+    let from_env = |name: &str| std::env::var_os(format!("VGPU_DRA_BIN_{}", name.to_uppercase().replace('-', "_"))).map(PathBuf::from);
+    let mut paths: Vec<PathBuf> = NAMES.iter().filter_map(|n| from_env(n)).collect();
+    if paths.len() != NAMES.len() {
+        paths = build()?;
+    }
+    for p in &paths {
+        if !p.is_file() {
+            bail!("{} does not exist", p.display());
+        }
+    }
+    let [etcd, kube_apiserver, kube_scheduler, kube_controller_manager, kubectl, helm, kubelet_sim, cdi_check]: [PathBuf; 8] =
+        paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
+    Ok(Components { etcd, kube_apiserver, kube_scheduler, kube_controller_manager, kubectl, helm, kubelet_sim, cdi_check })
+}
+
+fn build() -> anyhow::Result<Vec<PathBuf>> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/build.sh");
+    let out = Command::new(&script).output().with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    let stdout = String::from_utf8(out.stdout)?;
+    NAMES
+        .iter()
+        .map(|name| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}=")))
+                .map(PathBuf::from)
+                .with_context(|| format!("build.sh printed no path for {name}"))
+        })
+        .collect()
+}

@@ -1,0 +1,280 @@
+//! A real control plane on loopback: etcd, kube-apiserver (DRA gates on), kube-scheduler and
+//! kube-controller-manager (resource claim controller), with an admin token kubeconfig.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::{Components, ManagedProcess, components, eventually, free_port};
+
+/// The DRA features the tests rely on; beta and on by default in 1.36, named so a release that
+/// changes a default fails loudly instead of silently testing something else.
+const FEATURE_GATES: &str = "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true,DRADeviceBindingConditions=true";
+const ADMIN_TOKEN: &str = "vgpu-dra-test-admin-token";
+
+/// A running control plane; dropping it stops every process and removes its files.
+pub struct ControlPlane {
+    // Field order is drop order: clients first, etcd last.
+    controller_manager: Option<ManagedProcess>,
+    scheduler: Option<ManagedProcess>,
+    apiserver: ManagedProcess,
+    etcd: ManagedProcess,
+    kubectl: Kubectl,
+    server: String,
+    dir: tempfile::TempDir,
+    /// How long bring-up took.
+    pub startup: Duration,
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver, kube-scheduler and kube-controller-manager and waits until the
+    /// API server is ready.
+    ///
+    /// # Errors
+    /// When a component is missing or does not come up in time (its log is quoted).
+    pub fn start() -> anyhow::Result<Self> {
+        let started = Instant::now();
+        let bins = components()?;
+        let dir = tempfile::Builder::new().prefix("vgpu-dra-cp-").tempdir()?;
+        let d = dir.path();
+        let sa_key = d.join("sa.key");
+        let status = Command::new("openssl").args(["genrsa", "-out"]).arg(&sa_key).arg("2048").stderr(Stdio::null()).status()?;
+        if !status.success() {
+            bail!("openssl genrsa failed");
+        }
+        std::fs::write(d.join("tokens.csv"), format!("{ADMIN_TOKEN},admin,admin-uid,system:masters\n"))?;
+
+        let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let etcd = ManagedProcess::spawn(
+            "etcd",
+            &bins.etcd,
+            &strings(&[
+                "--name=default",
+                &format!("--data-dir={}", d.join("etcd").display()),
+                &format!("--listen-client-urls={etcd_url}"),
+                &format!("--advertise-client-urls={etcd_url}"),
+                &format!("--listen-peer-urls={peer_url}"),
+                &format!("--initial-advertise-peer-urls={peer_url}"),
+                &format!("--initial-cluster=default={peer_url}"),
+                "--log-level=warn",
+            ]),
+            d,
+        )?;
+        let server = format!("https://127.0.0.1:{api_port}");
+        let apiserver = ManagedProcess::spawn(
+            "kube-apiserver",
+            &bins.kube_apiserver,
+            &strings(&[
+                &format!("--etcd-servers={etcd_url}"),
+                &format!("--secure-port={api_port}"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                &format!("--cert-dir={}", d.join("apiserver-certs").display()),
+                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--authorization-mode=RBAC",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                &format!("--service-account-key-file={}", sa_key.display()),
+                &format!("--service-account-signing-key-file={}", sa_key.display()),
+                "--service-cluster-ip-range=10.0.0.0/24",
+                &format!("--feature-gates={FEATURE_GATES}"),
+                "--runtime-config=resource.k8s.io/v1=true",
+                "--profiling=false",
+                // The kubernetes Service endpoint cannot be a loopback address; nothing needs it.
+                "--endpoint-reconciler-type=none",
+            ]),
+            d,
+        )?;
+        let kubeconfig = d.join("admin.kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, ADMIN_TOKEN)?;
+        let kubectl = Kubectl { bin: bins.kubectl.clone(), kubeconfig: kubeconfig.clone() };
+        let mut plane = Self {
+            controller_manager: None,
+            scheduler: None,
+            apiserver,
+            etcd,
+            kubectl,
+            server,
+            dir,
+            startup: Duration::ZERO,
+        };
+        plane.wait_ready()?;
+        let kc = format!("--kubeconfig={}", kubeconfig.display());
+        plane.scheduler = Some(ManagedProcess::spawn(
+            "kube-scheduler",
+            &bins.kube_scheduler,
+            &strings(&[&kc, "--leader-elect=false", "--secure-port=0", &format!("--feature-gates={FEATURE_GATES}"), "--v=2"]),
+            plane.dir.path(),
+        )?);
+        plane.controller_manager = Some(ManagedProcess::spawn(
+            "kube-controller-manager",
+            &bins.kube_controller_manager,
+            &strings(&[
+                &kc,
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--controllers=resourceclaim-controller,serviceaccount-controller,garbage-collector-controller,namespace-controller",
+                &format!("--feature-gates={FEATURE_GATES}"),
+            ]),
+            plane.dir.path(),
+        )?);
+        // Pods can only be created once the default service account exists.
+        eventually("the default service account", Duration::from_secs(60), || {
+            plane.check_processes()?;
+            Ok(plane.kubectl.run(&["get", "serviceaccount", "default", "-o", "name"]).ok())
+        })?;
+        plane.startup = started.elapsed();
+        eprintln!("control plane up in {:.1} s at {}", plane.startup.as_secs_f64(), plane.server);
+        Ok(plane)
+    }
+
+    fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let deadline = Duration::from_secs(90);
+        eventually("kube-apiserver /readyz", deadline, || {
+            self.etcd.check_running()?;
+            self.apiserver.check_running()?;
+            Ok(self.kubectl.run(&["get", "--raw", "/readyz"]).ok().filter(|s| s.trim() == "ok"))
+        })
+        .map(|_| ())
+    }
+
+    /// Fails when a component has died, quoting its log.
+    ///
+    /// # Errors
+    /// When any process of the plane has exited.
+    pub fn check_processes(&mut self) -> anyhow::Result<()> {
+        self.etcd.check_running()?;
+        self.apiserver.check_running()?;
+        for p in self.scheduler.iter_mut().chain(self.controller_manager.iter_mut()) {
+            p.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// kubectl against this plane as cluster admin.
+    pub fn kubectl(&self) -> &Kubectl {
+        &self.kubectl
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubectl.kubeconfig
+    }
+
+    /// The API server URL.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// A scratch directory that lives as long as the plane.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The binaries this plane runs.
+    pub fn components(&self) -> &'static Components {
+        components().unwrap_or_else(|_| unreachable!("started, so found"))
+    }
+
+    /// Creates a Node that the scheduler considers ready and schedulable, and returns its UID.
+    ///
+    /// # Errors
+    /// When the API refuses it.
+    pub fn create_node(&self, name: &str) -> anyhow::Result<String> {
+        self.kubectl.apply(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: {name}\n  labels:\n    kubernetes.io/hostname: {name}\n    gpu: \"on\"\n"
+        ))?;
+        let status = serde_json::json!({"status": {
+            "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+            "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test node",
+                            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        }});
+        self.kubectl.run(&["patch", "node", name, "--subresource=status", "--type=merge", "-p", &status.to_string()])?;
+        // Admission taints new nodes not-ready; no node lifecycle controller runs to lift it.
+        self.kubectl.run(&["patch", "node", name, "--type=merge", "-p", r#"{"spec":{"taints":null}}"#])?;
+        let uid = self.kubectl.run(&["get", "node", name, "-o", "jsonpath={.metadata.uid}"])?;
+        Ok(uid.trim().to_owned())
+    }
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Writes a kubeconfig that authenticates with a bearer token (the serving cert is self-signed).
+///
+/// # Errors
+/// When the file cannot be written.
+pub fn write_kubeconfig(path: &Path, server: &str, token: &str) -> anyhow::Result<()> {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\n\
+users:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: user\ncurrent-context: test\n"
+    );
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// kubectl bound to one kubeconfig.
+#[derive(Debug, Clone)]
+pub struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// kubectl with another kubeconfig (another identity).
+    pub fn with_kubeconfig(&self, kubeconfig: PathBuf) -> Self {
+        Self { bin: self.bin.clone(), kubeconfig }
+    }
+
+    /// Runs kubectl and returns stdout.
+    ///
+    /// # Errors
+    /// When kubectl exits non-zero (its stderr is the message).
+    pub fn run(&self, args: &[&str]) -> anyhow::Result<String> {
+        self.run_with_input(args, None)
+    }
+
+    /// Runs kubectl with `input` on stdin.
+    ///
+    /// # Errors
+    /// When kubectl exits non-zero (its stderr is the message).
+    pub fn run_with_input(&self, args: &[&str], input: Option<&str>) -> anyhow::Result<String> {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display())).args(args);
+        cmd.stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() }).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().context("starting kubectl")?;
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            stdin.write_all(text.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("kubectl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// `kubectl apply --server-side -f -`.
+    ///
+    /// # Errors
+    /// When the API refuses the objects.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        self.run_with_input(&["apply", "--server-side", "--field-manager=vgpu-dra-test", "-f", "-"], Some(yaml))
+    }
+
+    /// `kubectl get ... -o json`, parsed.
+    ///
+    /// # Errors
+    /// When the object does not exist or the output is not JSON.
+    pub fn get_json(&self, args: &[&str]) -> anyhow::Result<Value> {
+        let mut full = vec!["get"];
+        full.extend_from_slice(args);
+        full.extend_from_slice(&["-o", "json"]);
+        Ok(serde_json::from_str(&self.run(&full)?)?)
+    }
+}

@@ -1,0 +1,105 @@
+//! Child processes that cannot outlive their test: killed on drop, and (through `setpriv
+//! --pdeathsig`) by the kernel if the test process itself dies. Output goes to a log file that is
+//! printed when the test fails.
+
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// A process started for a test.
+#[derive(Debug)]
+pub struct ManagedProcess {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl ManagedProcess {
+    /// Starts `program args` with stdout and stderr to `<log_dir>/<name>.log`.
+    ///
+    /// # Errors
+    /// When the log file cannot be created or the program not started.
+    pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> anyhow::Result<Self> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new("setpriv")
+            .arg("--pdeathsig")
+            .arg("KILL")
+            .arg("--")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Self { name: name.to_owned(), child: Some(child), log })
+    }
+
+    /// The log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// The process ID.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Fails when the process has exited, quoting the end of its log.
+    ///
+    /// # Errors
+    /// When the process is no longer running.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(child) = &mut self.child
+            && let Some(status) = child.try_wait()?
+        {
+            anyhow::bail!("{} exited with {status}:\n{}", self.name, self.tail(40));
+        }
+        Ok(())
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Kills the process and waits for it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("----- {} log ({}) -----\n{}", self.name, self.log.display(), self.tail(60));
+        }
+        self.stop();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+///
+/// # Errors
+/// When no port can be bound.
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
