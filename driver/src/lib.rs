@@ -8,3 +8,4 @@
 pub mod cli;
 pub mod discovery;
 pub mod slices;
+pub mod uds;

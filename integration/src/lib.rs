@@ -7,10 +7,12 @@
 
 mod components;
 mod control_plane;
+mod kubelet_sim;
 mod process;
 
 pub use components::{Components, components};
-pub use control_plane::{ControlPlane, Kubectl};
+pub use control_plane::{ControlPlane, Kubectl, write_kubeconfig};
+pub use kubelet_sim::{KubeletSim, KubeletSimOptions};
 pub use process::{ManagedProcess, free_port};
 
 use std::time::{Duration, Instant};

@@ -136,7 +136,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kubelet-sim: --node-name, --plugins-registry and --driver are required")
 		os.Exit(2)
 	}
-	if err := utilfeature.DefaultMutableFeatureGate.Set(fmt.Sprintf("ResourceHealthStatus=%t", *health)); err != nil {
+	if err := utilfeature.DefaultMutableFeatureGate.Set(fmt.Sprintf("ResourceHealthStatus=%t,ResourceHealthStatusMessage=%t", *health, *health)); err != nil {
 		fmt.Fprintln(os.Stderr, "kubelet-sim:", err)
 		os.Exit(2)
 	}
