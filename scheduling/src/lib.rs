@@ -21,3 +21,11 @@ pub mod model;
 pub use config::{ConfigError, DeviceFilter, Ratio, SharingConfig};
 pub use device::{Attribute, PublishedDevice, publish};
 pub use model::{Gpu, Health, Inventory, MigDevice};
+pub mod ledger;
+
+pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};
+pub mod compat;
+pub mod limits;
+
+pub use compat::{CompatError, DeviceRequest, from_hami_limits};
+pub use limits::{DeviceShare, LimitError, LimitOptions, container_env};
