@@ -12,9 +12,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={f}");
     }
     let descriptors = protox::compile(files, ["proto"])?;
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .compile_fds(descriptors)?;
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(descriptors)?;
     Ok(())
 }

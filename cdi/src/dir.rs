@@ -225,9 +225,7 @@ impl StagedSpec {
     /// [`SpecDirError::Write`]; the previous target, if any, is unchanged.
     pub fn commit(self) -> Result<PathBuf, SpecDirError> {
         let target = self.target;
-        self.tmp
-            .persist(&target)
-            .map_err(|e| SpecDirError::Write { path: target.clone(), source: e.error })?;
+        self.tmp.persist(&target).map_err(|e| SpecDirError::Write { path: target.clone(), source: e.error })?;
         sync_dir(&self.dir).map_err(|source| SpecDirError::Write { path: target.clone(), source })?;
         Ok(target)
     }

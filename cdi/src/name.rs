@@ -79,10 +79,8 @@ impl Kind {
     /// # Errors
     /// [`NameError`] naming the part that breaks CDI's rules.
     pub fn new(vendor: &str, class: &str) -> Result<Self, NameError> {
-        check(vendor, true, &['-', '_', '.'])
-            .map_err(|reason| NameError::Vendor { name: vendor.into(), reason })?;
-        check(class, true, &['-', '_', '.'])
-            .map_err(|reason| NameError::Class { name: class.into(), reason })?;
+        check(vendor, true, &['-', '_', '.']).map_err(|reason| NameError::Vendor { name: vendor.into(), reason })?;
+        check(class, true, &['-', '_', '.']).map_err(|reason| NameError::Class { name: class.into(), reason })?;
         Ok(Self { vendor: vendor.into(), class: class.into() })
     }
 

@@ -89,14 +89,23 @@ mod tests {
     fn each_feature_raises_the_version_to_exactly_its_own() {
         let kind = Kind::parse("v.io/claim").unwrap();
         let typed_mount = ContainerEdits {
-            mounts: vec![Mount { host_path: "/a".into(), container_path: "/a".into(), options: vec![], kind: Some("bind".into()) }],
+            mounts: vec![Mount {
+                host_path: "/a".into(),
+                container_path: "/a".into(),
+                options: vec![],
+                kind: Some("bind".into()),
+            }],
             ..Default::default()
         };
         assert_eq!(Spec::new(&kind, vec![device("gpu", typed_mount)]).unwrap().cdi_version, "0.4.0");
         // Claim UIDs can start with a digit: that alone needs 0.5.0.
         assert_eq!(Spec::new(&kind, vec![device("6f1c-gpu", env_only())]).unwrap().cdi_version, "0.5.0");
         let host_path = ContainerEdits {
-            device_nodes: vec![DeviceNode { path: "/dev/nvidia0".into(), host_path: Some("/dev/x".into()), ..Default::default() }],
+            device_nodes: vec![DeviceNode {
+                path: "/dev/nvidia0".into(),
+                host_path: Some("/dev/x".into()),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         assert_eq!(Spec::new(&kind, vec![device("gpu", host_path)]).unwrap().cdi_version, "0.5.0");

@@ -1,6 +1,8 @@
 //! Spec files written by `SpecDir`: atomic replacement, listing, and read-back of every spec
 //! shape the driver emits through the reference Rust CDI implementation.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
@@ -33,7 +35,13 @@ fn claim_spec(claim_uid: &str, devices: &[(&str, u32)]) -> Spec {
                         permissions: Some("rw".into()),
                         ..Default::default()
                     },
-                    DeviceNode { path: "/dev/nvidiactl".into(), kind: Some("c".into()), major: Some(195), minor: Some(255), ..Default::default() },
+                    DeviceNode {
+                        path: "/dev/nvidiactl".into(),
+                        kind: Some("c".into()),
+                        major: Some(195),
+                        minor: Some(255),
+                        ..Default::default()
+                    },
                 ],
                 mounts: vec![
                     Mount {

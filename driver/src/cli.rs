@@ -76,7 +76,8 @@ struct List<T> {
 pub fn inventory(args: &InventoryArgs, out: &mut dyn Write) -> anyhow::Result<()> {
     let cards = parse_spec(&args.mock_gpus).map_err(|e| UsageError(e.to_string()))?;
     let driver = DriverName::new(args.driver_name.clone()).map_err(|e| UsageError(format!("--driver-name: {e}")))?;
-    let config = SharingConfig { driver_name: driver.clone(), device_split_count: args.device_split_count, ..SharingConfig::default() };
+    let config =
+        SharingConfig { driver_name: driver.clone(), device_split_count: args.device_split_count, ..SharingConfig::default() };
     config.validate().map_err(|e| UsageError(format!("--device-split-count: {}", e.reason)))?;
     let inventory = MockSource::new(&args.node_name, cards).inventory()?;
     let pool = PoolIdentity { driver, node_name: args.node_name.clone(), node_uid: None, generation: 1 };

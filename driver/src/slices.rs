@@ -30,7 +30,8 @@ pub struct PoolIdentity {
 
 /// Builds the slices of the pool; the slice names are stable: `<node>-<driver>-<n>`.
 pub fn build_slices(pool: &PoolIdentity, devices: &[PublishedDevice]) -> Vec<resource::ResourceSlice> {
-    let chunks: Vec<&[PublishedDevice]> = if devices.is_empty() { vec![&[]] } else { devices.chunks(MAX_DEVICES_PER_SLICE).collect() };
+    let chunks: Vec<&[PublishedDevice]> =
+        if devices.is_empty() { vec![&[]] } else { devices.chunks(MAX_DEVICES_PER_SLICE).collect() };
     let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
     chunks
         .iter()
@@ -54,7 +55,11 @@ pub fn build_slices(pool: &PoolIdentity, devices: &[PublishedDevice]) -> Vec<res
             spec: resource::ResourceSliceSpec {
                 driver: pool.driver.to_string(),
                 node_name: Some(pool.node_name.clone()),
-                pool: resource::ResourcePool { name: pool.node_name.clone(), generation: pool.generation, resource_slice_count: count },
+                pool: resource::ResourcePool {
+                    name: pool.node_name.clone(),
+                    generation: pool.generation,
+                    resource_slice_count: count,
+                },
                 devices: Some(chunk.iter().map(|d| api_device(&pool.driver, d)).collect()),
                 ..Default::default()
             },
@@ -105,7 +110,8 @@ fn api_capacity(c: &Capacity) -> resource::DeviceCapacity {
         match &p.valid {
             ValidRequests::Any => {}
             ValidRequests::Range { min, max, step } => {
-                policy.valid_range = Some(resource::CapacityRequestPolicyRange { min: q(*min), max: max.map(q), step: step.map(q) });
+                policy.valid_range =
+                    Some(resource::CapacityRequestPolicyRange { min: q(*min), max: max.map(q), step: step.map(q) });
             }
             ValidRequests::Values(values) => policy.valid_values = Some(values.iter().copied().map(q).collect()),
         }

@@ -154,11 +154,7 @@ where
             .map(|(name, value)| {
                 // On a unix socket the authority names nothing; grpc-go sends the
                 // percent-encoded socket path, which h2 refuses.
-                if name == b":authority" {
-                    (name, b"localhost".to_vec())
-                } else {
-                    (name, value)
-                }
+                if name == b":authority" { (name, b"localhost".to_vec()) } else { (name, value) }
             })
             .collect();
         let encoded = encoder.encode(fixed.iter().map(|(n, v)| (n.as_slice(), v.as_slice())));

@@ -1,5 +1,7 @@
 //! `vgpu-dra inventory` as a user runs it: the printed List, and one-line errors with exit 2.
 
+#![allow(clippy::unwrap_used)]
+
 use std::process::Command;
 
 fn run(args: &[&str]) -> (i32, String, String) {

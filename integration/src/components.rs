@@ -28,7 +28,8 @@ pub struct Components {
     pub cdi_check: PathBuf,
 }
 
-const NAMES: [&str; 8] = ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm", "kubelet-sim", "cdi-check"];
+const NAMES: [&str; 8] =
+    ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm", "kubelet-sim", "cdi-check"];
 
 /// The components, found or built once per test process.
 ///
@@ -36,11 +37,15 @@ const NAMES: [&str; 8] = ["etcd", "kube-apiserver", "kube-scheduler", "kube-cont
 /// When a component is missing and cannot be built; tests fail on it (never skip), so CI notices.
 pub fn components() -> anyhow::Result<&'static Components> {
     static FOUND: OnceLock<Result<Components, String>> = OnceLock::new();
-    FOUND.get_or_init(|| locate().map_err(|e| format!("{e:#}"))).as_ref().map_err(|e| anyhow::anyhow!("test bed components unavailable: {e}"))
+    FOUND
+        .get_or_init(|| locate().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("test bed components unavailable: {e}"))
 }
 
 fn locate() -> anyhow::Result<Components> {
-    let from_env = |name: &str| std::env::var_os(format!("VGPU_DRA_BIN_{}", name.to_uppercase().replace('-', "_"))).map(PathBuf::from);
+    let from_env =
+        |name: &str| std::env::var_os(format!("VGPU_DRA_BIN_{}", name.to_uppercase().replace('-', "_"))).map(PathBuf::from);
     let mut paths: Vec<PathBuf> = NAMES.iter().filter_map(|n| from_env(n)).collect();
     if paths.len() != NAMES.len() {
         paths = build()?;

@@ -93,16 +93,8 @@ impl ControlPlane {
         let kubeconfig = d.join("admin.kubeconfig");
         write_kubeconfig(&kubeconfig, &server, ADMIN_TOKEN)?;
         let kubectl = Kubectl { bin: bins.kubectl.clone(), kubeconfig: kubeconfig.clone() };
-        let mut plane = Self {
-            controller_manager: None,
-            scheduler: None,
-            apiserver,
-            etcd,
-            kubectl,
-            server,
-            dir,
-            startup: Duration::ZERO,
-        };
+        let mut plane =
+            Self { controller_manager: None, scheduler: None, apiserver, etcd, kubectl, server, dir, startup: Duration::ZERO };
         plane.wait_ready()?;
         let kc = format!("--kubeconfig={}", kubeconfig.display());
         plane.scheduler = Some(ManagedProcess::spawn(

@@ -59,7 +59,8 @@ impl KubeletSim {
         if let Some(d) = opts.wiping_delay {
             cmd.arg(format!("--wiping-delay={}ms", d.as_millis()));
         }
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().context("starting kubelet-sim")?;
+        let mut child =
+            cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().context("starting kubelet-sim")?;
         let stdin = child.stdin.take().context("kubelet-sim stdin")?;
         let stdout = child.stdout.take().context("kubelet-sim stdout")?;
         let (tx, lines) = channel();

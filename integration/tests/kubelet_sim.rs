@@ -1,6 +1,8 @@
 //! The kubelet's own plugin manager and DRA client (kubelet-sim) register a trivial plugin written
 //! against our `proto/` crate and get prepare/unprepare answers through v1 and v1beta1.
 
+#![allow(clippy::unwrap_used)]
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,7 +30,10 @@ impl Registration for Registrar {
         }))
     }
 
-    async fn notify_registration_status(&self, req: Request<RegistrationStatus>) -> Result<Response<RegistrationStatusResponse>, Status> {
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
         assert!(req.get_ref().plugin_registered, "kubelet refused: {}", req.get_ref().error);
         Ok(Response::new(RegistrationStatusResponse {}))
     }
@@ -49,35 +54,59 @@ fn device(uid: &str) -> dra_v1::Device {
 
 #[tonic::async_trait]
 impl dra_v1::dra_plugin_server::DraPlugin for Trivial {
-    async fn node_prepare_resources(&self, req: Request<dra_v1::NodePrepareResourcesRequest>) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
-        let claims = req.into_inner().claims.into_iter().map(|c| (c.uid.clone(), dra_v1::NodePrepareResourceResponse { devices: vec![device(&c.uid)], error: String::new() }));
+    async fn node_prepare_resources(
+        &self,
+        req: Request<dra_v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
+        let claims = req.into_inner().claims.into_iter().map(|c| {
+            (c.uid.clone(), dra_v1::NodePrepareResourceResponse { devices: vec![device(&c.uid)], error: String::new() })
+        });
         Ok(Response::new(dra_v1::NodePrepareResourcesResponse { claims: claims.collect() }))
     }
 
-    async fn node_unprepare_resources(&self, req: Request<dra_v1::NodeUnprepareResourcesRequest>) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = req.into_inner().claims.into_iter().map(|c| (c.uid, dra_v1::NodeUnprepareResourceResponse { error: String::new() }));
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<dra_v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
+        let claims =
+            req.into_inner().claims.into_iter().map(|c| (c.uid, dra_v1::NodeUnprepareResourceResponse { error: String::new() }));
         Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse { claims: claims.collect() }))
     }
 }
 
 #[tonic::async_trait]
 impl dra_v1beta1::dra_plugin_server::DraPlugin for Trivial {
-    async fn node_prepare_resources(&self, req: Request<dra_v1beta1::NodePrepareResourcesRequest>) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<dra_v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
         let claims: HashMap<_, _> = req
             .into_inner()
             .claims
             .into_iter()
             .map(|c| {
                 let d = device(&c.uid);
-                let d = dra_v1beta1::Device { request_names: d.request_names, pool_name: d.pool_name, device_name: d.device_name, cdi_device_ids: d.cdi_device_ids };
+                let d = dra_v1beta1::Device {
+                    request_names: d.request_names,
+                    pool_name: d.pool_name,
+                    device_name: d.device_name,
+                    cdi_device_ids: d.cdi_device_ids,
+                };
                 (c.uid, dra_v1beta1::NodePrepareResourceResponse { devices: vec![d], error: String::new() })
             })
             .collect();
         Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse { claims }))
     }
 
-    async fn node_unprepare_resources(&self, req: Request<dra_v1beta1::NodeUnprepareResourcesRequest>) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = req.into_inner().claims.into_iter().map(|c| (c.uid, dra_v1beta1::NodeUnprepareResourceResponse { error: String::new() }));
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let claims = req
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| (c.uid, dra_v1beta1::NodeUnprepareResourceResponse { error: String::new() }));
         Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims: claims.collect() }))
     }
 }
@@ -99,7 +128,9 @@ fn serve(rt: &tokio::runtime::Runtime, dir: &Path) -> PathBuf {
             .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(Trivial))
             .serve_with_incoming(dra),
     );
-    rt.spawn(tonic::transport::Server::builder().add_service(RegistrationServer::new(Registrar { endpoint })).serve_with_incoming(reg));
+    rt.spawn(
+        tonic::transport::Server::builder().add_service(RegistrationServer::new(Registrar { endpoint })).serve_with_incoming(reg),
+    );
     registry
 }
 

@@ -1,6 +1,8 @@
 //! kube-scheduler and the scheduling crate agree, to the printed byte, on what odd capacity
 //! requests consume; the slice under test is the one the driver itself builds.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use vgpu_dra::discovery::DeviceSource;
@@ -46,7 +48,11 @@ fn claim_and_pod(i: usize, memory: Option<&str>, cores: Option<&str>) -> String 
     if let Some(c) = cores {
         requests.push(format!("cores: \"{c}\""));
     }
-    let capacity = if requests.is_empty() { String::new() } else { format!("        capacity:\n          requests: {{{}}}\n", requests.join(", ")) };
+    let capacity = if requests.is_empty() {
+        String::new()
+    } else {
+        format!("        capacity:\n          requests: {{{}}}\n", requests.join(", "))
+    };
     format!(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -88,7 +94,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let config = SharingConfig::default();
     let inventory = MockSource::new(NODE, parse_spec(&format!("{}xNVIDIA L4:24Gi", CASES.len()))?).inventory()?;
     let devices = publish(&inventory, &config);
-    let pool = PoolIdentity { driver: config.driver_name.clone(), node_name: NODE.into(), node_uid: Some(node_uid), generation: 1 };
+    let pool =
+        PoolIdentity { driver: config.driver_name.clone(), node_name: NODE.into(), node_uid: Some(node_uid), generation: 1 };
     for slice in build_slices(&pool, &devices) {
         let mut v = serde_json::to_value(&slice)?;
         v["apiVersion"] = "resource.k8s.io/v1".into();
@@ -108,7 +115,9 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let mut agreed = 0;
     for (i, (memory, cores)) in CASES.iter().enumerate() {
         let device = &devices[i];
-        let predict = |name: &str, req: Option<&str>| device.capacity[name].consumed_by(req.map(|r| Quantity::parse(r).expect("valid request"))).map(|q| q.to_string());
+        let predict = |name: &str, req: Option<&str>| {
+            device.capacity[name].consumed_by(req.map(|r| Quantity::parse(r).expect("valid request"))).map(|q| q.to_string())
+        };
         let (mem, cor) = (predict(CAPACITY_MEMORY, *memory), predict(CAPACITY_CORES, *cores));
         if let (Ok(mem), Ok(cor)) = (&mem, &cor) {
             let result = eventually(&format!("claim r{i} allocated"), Duration::from_secs(60), || {
@@ -116,7 +125,10 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
                 let claim = kubectl.get_json(&["resourceclaim", &format!("r{i}"), "-n", "default"])?;
                 Ok(claim["status"]["allocation"]["devices"]["results"].get(0).cloned())
             })?;
-            eprintln!("case {i}: {memory:?}/{cores:?} -> {} / {}", result["consumedCapacity"]["memory"], result["consumedCapacity"]["cores"]);
+            eprintln!(
+                "case {i}: {memory:?}/{cores:?} -> {} / {}",
+                result["consumedCapacity"]["memory"], result["consumedCapacity"]["cores"]
+            );
             assert_eq!(result["device"], device.name.as_str());
             assert_eq!(result["consumedCapacity"]["memory"], mem.as_str(), "case {i}: memory {memory:?}");
             assert_eq!(result["consumedCapacity"]["cores"], cor.as_str(), "case {i}: cores {cores:?}");
@@ -125,7 +137,9 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
             // The crate says it does not fit: the scheduler must leave the pod unschedulable.
             let reason = eventually(&format!("pod r{i} unschedulable"), Duration::from_secs(60), || {
                 let pod = kubectl.get_json(&["pod", &format!("r{i}"), "-n", "default"])?;
-                Ok(pod["status"]["conditions"].as_array().and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled" && c["status"] == "False").cloned()))
+                Ok(pod["status"]["conditions"]
+                    .as_array()
+                    .and_then(|c| c.iter().find(|c| c["type"] == "PodScheduled" && c["status"] == "False").cloned()))
             })?;
             let claim = kubectl.get_json(&["resourceclaim", &format!("r{i}"), "-n", "default"])?;
             assert!(claim["status"]["allocation"].is_null(), "case {i} was allocated: {claim}");

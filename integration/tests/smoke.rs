@@ -1,6 +1,8 @@
 //! The test bed itself: a hand-written shared device is allocated by the real kube-scheduler with
 //! consumable capacity, and two claims share one device with distinct share IDs.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use vgpu_dra_integration::{ControlPlane, eventually};

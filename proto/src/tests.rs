@@ -24,14 +24,8 @@ fn v1_claim_fields_are_namespace_1_uid_2_name_3() {
 
 #[test]
 fn v1_device_pins_share_id_at_5() {
-    let bytes = [
-        ld(1, b"gpu"),
-        ld(2, b"node-a"),
-        ld(3, b"hami-gpu-0"),
-        ld(4, b"k8s.x/claim=u-hami-gpu-0"),
-        ld(5, b"share-1"),
-    ]
-    .concat();
+    let bytes =
+        [ld(1, b"gpu"), ld(2, b"node-a"), ld(3, b"hami-gpu-0"), ld(4, b"k8s.x/claim=u-hami-gpu-0"), ld(5, b"share-1")].concat();
     let dev = dra_v1::Device::decode(bytes.as_slice()).unwrap();
     assert_eq!(dev.request_names, ["gpu"]);
     assert_eq!(dev.pool_name, "node-a");
@@ -43,10 +37,7 @@ fn v1_device_pins_share_id_at_5() {
 
 #[test]
 fn v1_unset_share_id_is_absent_on_the_wire() {
-    let dev = dra_v1::Device {
-        device_name: "d".into(),
-        ..Default::default()
-    };
+    let dev = dra_v1::Device { device_name: "d".into(), ..Default::default() };
     assert_eq!(dev.encode_to_vec(), ld(3, b"d"));
 }
 
@@ -75,25 +66,14 @@ fn unprepare_response_error_is_field_1() {
     let entry = [ld(1, b"u"), ld(2, &value)].concat();
     let resp = dra_v1::NodeUnprepareResourcesResponse::decode(ld(1, &entry).as_slice()).unwrap();
     assert_eq!(resp.claims["u"].error, "gone");
-    let req = dra_v1::NodeUnprepareResourcesRequest {
-        claims: vec![dra_v1::Claim {
-            uid: "u".into(),
-            ..Default::default()
-        }],
-    };
+    let req = dra_v1::NodeUnprepareResourcesRequest { claims: vec![dra_v1::Claim { uid: "u".into(), ..Default::default() }] };
     assert_eq!(req.encode_to_vec(), ld(1, &ld(2, b"u")));
 }
 
 #[test]
 fn plugin_info_fields() {
-    let bytes = [
-        ld(1, b"DRAPlugin"),
-        ld(2, b"drv"),
-        ld(3, b"/p/dra.sock"),
-        ld(4, b"v1.DRAPlugin"),
-        ld(4, b"v1beta1.DRAPlugin"),
-    ]
-    .concat();
+    let bytes =
+        [ld(1, b"DRAPlugin"), ld(2, b"drv"), ld(3, b"/p/dra.sock"), ld(4, b"v1.DRAPlugin"), ld(4, b"v1beta1.DRAPlugin")].concat();
     let info = registration::PluginInfo::decode(bytes.as_slice()).unwrap();
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, "drv");
@@ -130,10 +110,7 @@ fn service_paths_match_the_kubelet() {
     use crate::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer;
     use crate::registration::registration_server::RegistrationServer;
     use tonic::server::NamedService;
-    assert_eq!(
-        <DraPluginServer<()> as NamedService>::NAME,
-        "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
-    );
+    assert_eq!(<DraPluginServer<()> as NamedService>::NAME, "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin");
     assert_eq!(<RegistrationServer<()> as NamedService>::NAME, "pluginregistration.Registration");
     assert_eq!(<DraResourceHealthServer<()> as NamedService>::NAME, "v1alpha1.DRAResourceHealth");
 }

@@ -55,15 +55,20 @@ pub fn from_hami_limits(limits: &BTreeMap<String, String>, card_memory_bytes: u6
         }
         return Ok(None);
     };
-    let count = Quantity::parse(gpu)
-        .ok()
-        .and_then(|q| q.as_u64_exact())
-        .ok_or_else(|| err(RESOURCE_GPU, format!("{gpu:?} is not a whole number of GPUs (fractional GPUs are expressed with gpumem and gpucores)")))?;
-    let count = u32::try_from(count).ok().filter(|c| *c > 0).ok_or_else(|| err(RESOURCE_GPU, format!("{gpu} must be at least 1")))?;
+    let count = Quantity::parse(gpu).ok().and_then(|q| q.as_u64_exact()).ok_or_else(|| {
+        err(
+            RESOURCE_GPU,
+            format!("{gpu:?} is not a whole number of GPUs (fractional GPUs are expressed with gpumem and gpucores)"),
+        )
+    })?;
+    let count =
+        u32::try_from(count).ok().filter(|c| *c > 0).ok_or_else(|| err(RESOURCE_GPU, format!("{gpu} must be at least 1")))?;
     let card = Quantity::from_bytes(card_memory_bytes);
     let mut capacity = BTreeMap::new();
     match (get(RESOURCE_GPUMEM), get(RESOURCE_GPUMEM_PERCENTAGE)) {
-        (Some(_), Some(_)) => return Err(err(RESOURCE_GPUMEM, format!("set either it or {RESOURCE_GPUMEM_PERCENTAGE}, not both"))),
+        (Some(_), Some(_)) => {
+            return Err(err(RESOURCE_GPUMEM, format!("set either it or {RESOURCE_GPUMEM_PERCENTAGE}, not both")));
+        }
         (Some(mem), None) => {
             let bytes = if mem.bytes().all(|b| b.is_ascii_digit()) {
                 let mib: u64 = mem.parse().map_err(|_| err(RESOURCE_GPUMEM, format!("{mem} is too large")))?;
@@ -80,7 +85,8 @@ pub fn from_hami_limits(limits: &BTreeMap<String, String>, card_memory_bytes: u6
             capacity.insert(CAPACITY_MEMORY.to_owned(), bytes);
         }
         (None, Some(pct)) => {
-            let p: u64 = pct.parse().map_err(|_| err(RESOURCE_GPUMEM_PERCENTAGE, format!("{pct:?} is not a whole percentage")))?;
+            let p: u64 =
+                pct.parse().map_err(|_| err(RESOURCE_GPUMEM_PERCENTAGE, format!("{pct:?} is not a whole percentage")))?;
             if p == 0 || p > 100 {
                 return Err(err(RESOURCE_GPUMEM_PERCENTAGE, format!("{p} must be 1 to 100")));
             }

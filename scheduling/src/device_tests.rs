@@ -77,10 +77,8 @@ fn scaling_multiplies_the_published_values_and_split_count_bounds_shares() {
 
 #[test]
 fn filtered_cards_are_left_out() {
-    let config = SharingConfig {
-        filter: DeviceFilter { uuids: vec!["GPU-1".into()], indices: vec![2] },
-        ..SharingConfig::default()
-    };
+    let config =
+        SharingConfig { filter: DeviceFilter { uuids: vec!["GPU-1".into()], indices: vec![2] }, ..SharingConfig::default() };
     let devices = publish(&inventory(vec![gpu(0, "a", 1 << 30), gpu(1, "a", 1 << 30), gpu(2, "a", 1 << 30)]), &config);
     assert_eq!(devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["hami-gpu-0"]);
 }
@@ -89,8 +87,22 @@ fn filtered_cards_are_left_out() {
 fn cards_in_mig_mode_publish_their_instances_instead() {
     let mut card = gpu(3, "NVIDIA H200", 143_771 << 20);
     card.mig = Some(vec![
-        MigDevice { uuid: "MIG-a".into(), profile: "1g.18gb".into(), gpu_instance: 7, compute_instance: 0, memory_bytes: 16_384 << 20, multiprocessors: 16 },
-        MigDevice { uuid: "MIG-b".into(), profile: "3g.71gb".into(), gpu_instance: 2, compute_instance: 0, memory_bytes: 69_888 << 20, multiprocessors: 60 },
+        MigDevice {
+            uuid: "MIG-a".into(),
+            profile: "1g.18gb".into(),
+            gpu_instance: 7,
+            compute_instance: 0,
+            memory_bytes: 16_384 << 20,
+            multiprocessors: 16,
+        },
+        MigDevice {
+            uuid: "MIG-b".into(),
+            profile: "3g.71gb".into(),
+            gpu_instance: 2,
+            compute_instance: 0,
+            memory_bytes: 69_888 << 20,
+            multiprocessors: 60,
+        },
     ]);
     let devices = publish(&inventory(vec![card]), &SharingConfig::default());
     let names: Vec<_> = devices.iter().map(|d| d.name.as_str()).collect();

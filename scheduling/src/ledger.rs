@@ -104,6 +104,8 @@ impl Ledger {
     ///
     /// # Errors
     /// [`AdmitError`] naming device, capacity, requested and free amounts; nothing changes.
+    // The error carries every number the operator needs; admission is rare, so size is no concern.
+    #[allow(clippy::result_large_err)]
     pub fn admit(&mut self, key: ShareKey, consumption: Consumption) -> Result<(), AdmitError> {
         if let Some(existing) = self.shares.get(&key) {
             return if *existing == consumption {
@@ -119,11 +121,18 @@ impl Ledger {
             if requested.is_negative() {
                 return Err(AdmitError::Negative { device: device(), capacity: name.clone(), amount: *requested });
             }
-            let total = *totals.get(name).ok_or_else(|| AdmitError::UnknownCapacity { device: device(), capacity: name.clone() })?;
+            let total =
+                *totals.get(name).ok_or_else(|| AdmitError::UnknownCapacity { device: device(), capacity: name.clone() })?;
             let taken = used.get(name).copied().unwrap_or(Quantity::ZERO);
             let free = total.checked_sub(taken).unwrap_or(Quantity::ZERO);
             if *requested > free {
-                return Err(AdmitError::OverCapacity { device: device(), capacity: name.clone(), requested: *requested, free, total });
+                return Err(AdmitError::OverCapacity {
+                    device: device(),
+                    capacity: name.clone(),
+                    requested: *requested,
+                    free,
+                    total,
+                });
             }
         }
         self.shares.insert(key, consumption);

@@ -19,7 +19,10 @@ fn use_of(memory: &str, cores: &str) -> Consumption {
 }
 
 fn ledger() -> Ledger {
-    Ledger::new(BTreeMap::from([(dev("hami-gpu-0"), use_of("15Gi", "100").into_iter().map(|(k, v)| (k.clone(), if k == "shares" { q("2") } else { v })).collect())]))
+    Ledger::new(BTreeMap::from([(
+        dev("hami-gpu-0"),
+        use_of("15Gi", "100").into_iter().map(|(k, v)| (k.clone(), if k == "shares" { q("2") } else { v })).collect(),
+    )]))
 }
 
 #[test]
@@ -55,7 +58,10 @@ fn admit_is_idempotent_and_release_of_unknown_is_a_no_op() {
 #[test]
 fn unknown_devices_capacities_and_negative_amounts_are_refused() {
     let mut l = ledger();
-    assert_eq!(l.admit(key("a", "hami-gpu-9"), use_of("1Gi", "1")).unwrap_err().to_string(), "device hami-gpu-9 does not exist on this node");
+    assert_eq!(
+        l.admit(key("a", "hami-gpu-9"), use_of("1Gi", "1")).unwrap_err().to_string(),
+        "device hami-gpu-9 does not exist on this node"
+    );
     let mut odd = use_of("1Gi", "1");
     odd.insert("watts".into(), q("5"));
     assert!(matches!(l.admit(key("a", "hami-gpu-0"), odd), Err(AdmitError::UnknownCapacity { .. })));

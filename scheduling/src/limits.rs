@@ -62,7 +62,11 @@ pub fn sm_limit(cores: Quantity) -> String {
 ///
 /// # Errors
 /// [`LimitError`] for no devices or more than HAMi-core handles.
-pub fn container_env(shares: &[DeviceShare], cache_dir: &str, options: &LimitOptions) -> Result<Vec<(String, String)>, LimitError> {
+pub fn container_env(
+    shares: &[DeviceShare],
+    cache_dir: &str,
+    options: &LimitOptions,
+) -> Result<Vec<(String, String)>, LimitError> {
     if shares.is_empty() {
         return Err(LimitError::NoDevices);
     }
@@ -128,7 +132,12 @@ mod tests {
 
     #[test]
     fn env_is_indexed_in_claim_order_with_unindexed_sm_when_all_agree() {
-        let env = container_env(&[share("GPU-b", "4Gi", "50"), share("GPU-a", "8Gi", "50")], "/usr/local/vgpu/claims/u1", &LimitOptions::default()).unwrap();
+        let env = container_env(
+            &[share("GPU-b", "4Gi", "50"), share("GPU-a", "8Gi", "50")],
+            "/usr/local/vgpu/claims/u1",
+            &LimitOptions::default(),
+        )
+        .unwrap();
         assert_eq!(get(&env, "CUDA_DEVICE_MEMORY_LIMIT_0"), Some("4096m"));
         assert_eq!(get(&env, "CUDA_DEVICE_MEMORY_LIMIT_1"), Some("8192m"));
         assert_eq!(get(&env, "CUDA_DEVICE_SM_LIMIT"), Some("50"));
@@ -136,7 +145,12 @@ mod tests {
         assert_eq!(get(&env, "CUDA_DEVICE_MEMORY_SHARED_CACHE"), Some("/usr/local/vgpu/claims/u1/GPU-b.cache"));
         assert_eq!(get(&env, "CUDA_OVERSUBSCRIBE"), None);
 
-        let mixed = container_env(&[share("GPU-a", "1Gi", "30"), share("GPU-b", "1Gi", "60")], "/c", &LimitOptions { oversubscribed: true, log_level: Some(2), core_policy: Some("force".into()) }).unwrap();
+        let mixed = container_env(
+            &[share("GPU-a", "1Gi", "30"), share("GPU-b", "1Gi", "60")],
+            "/c",
+            &LimitOptions { oversubscribed: true, log_level: Some(2), core_policy: Some("force".into()) },
+        )
+        .unwrap();
         assert_eq!(get(&mixed, "CUDA_DEVICE_SM_LIMIT"), None);
         assert_eq!(get(&mixed, "CUDA_DEVICE_SM_LIMIT_1"), Some("60"));
         assert_eq!(get(&mixed, "CUDA_OVERSUBSCRIBE"), Some("true"));

@@ -43,7 +43,9 @@ fn memory_requests_round_up_to_whole_mebibytes_from_the_minimum() {
 #[test]
 fn core_requests_follow_the_zero_to_hundred_grid() {
     let cores = range("100", "100", "0", "100", "1");
-    for (request, want) in [(None, "100"), (Some("0"), "0"), (Some("3"), "3"), (Some("50"), "50"), (Some("500m"), "1"), (Some("99.1"), "100")] {
+    for (request, want) in
+        [(None, "100"), (Some("0"), "0"), (Some("3"), "3"), (Some("50"), "50"), (Some("500m"), "1"), (Some("99.1"), "100")]
+    {
         assert_eq!(consumed(&cores, request).unwrap(), want, "request {request:?}");
     }
     let err = cores.consumed_by(Some(q("101"))).unwrap_err();

@@ -190,7 +190,8 @@ impl Quantity {
         if frac.contains('.') {
             return Err(invalid("it has more than one decimal point"));
         }
-        let (base, exponent, format) = parse_suffix(suffix).ok_or_else(|| invalid("the suffix is not one of n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent"))?;
+        let (base, exponent, format) = parse_suffix(suffix)
+            .ok_or_else(|| invalid("the suffix is not one of n u m k M G T P E Ki Mi Gi Ti Pi Ei or an exponent"))?;
 
         // mantissa * 10^-frac_digits * base^exponent, in nanos, rounded away from zero.
         let digits = whole.trim_start_matches('0').to_owned() + frac;
