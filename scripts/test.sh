@@ -20,4 +20,10 @@ while IFS='=' read -r name path; do
 done <<<"$components"
 
 # Integration tests each bring up a control plane: two at once is what 2 cores bear.
-cargo test --workspace --locked "$@" -- --test-threads=2
+rm -f target/test-bed-timings.log
+status=0
+cargo test --workspace --locked "$@" -- --test-threads=2 || status=$?
+if [[ -f target/test-bed-timings.log ]]; then
+	cat target/test-bed-timings.log
+fi
+exit "$status"

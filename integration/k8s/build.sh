@@ -78,13 +78,15 @@ build_kubernetes() {
 -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
 		if ! have_all "$k8s_bin" "${names[@]}"; then
 			log "building Kubernetes $K8S_VERSION (first time only; takes a while on 2 cores)"
-			mkdir -p "$k8s_bin.tmp"
+			rm -rf "$k8s_bin.tmp" && mkdir -p "$k8s_bin.tmp"
 			(cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$k8s_bin.tmp/" \
 				k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
 				k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl >&2)
 			rm -rf "$k8s_bin" && mv "$k8s_bin.tmp" "$k8s_bin"
 		fi
 		log "building kubelet-sim and cdi-check against Kubernetes $K8S_VERSION"
+		# Tools built from older sources of this repository are of no further use.
+		find "$CACHE" -maxdepth 1 -name "tools-$K8S_VERSION-*" ! -name "$(basename "$tools_bin")" -exec rm -rf {} +
 		mkdir -p "$tools_bin.tmp"
 		(cd "$src" && go build -trimpath -o "$tools_bin.tmp/" ./cmd/kubelet-sim ./cmd/cdi-check >&2)
 		rm -rf "$tools_bin" && mv "$tools_bin.tmp" "$tools_bin"

@@ -122,6 +122,7 @@ impl ControlPlane {
         })?;
         plane.startup = started.elapsed();
         eprintln!("control plane up in {:.1} s at {}", plane.startup.as_secs_f64(), plane.server);
+        record_bring_up(plane.startup);
         Ok(plane)
     }
 
@@ -173,6 +174,20 @@ impl ControlPlane {
         components().unwrap_or_else(|_| unreachable!("started, so found"))
     }
 
+    /// Waits until the scheduler has allocated claim `namespace/name` and returns its first
+    /// device result (`driver`, `pool`, `device`, `shareID`, `consumedCapacity`).
+    ///
+    /// # Errors
+    /// When no allocation appears in `timeout` or a component died meanwhile.
+    pub fn wait_allocated(&mut self, namespace: &str, name: &str, timeout: Duration) -> anyhow::Result<Value> {
+        let kubectl = self.kubectl.clone();
+        eventually(&format!("claim {namespace}/{name} allocated"), timeout, || {
+            self.check_processes()?;
+            let claim = kubectl.get_json(&["resourceclaim", name, "-n", namespace])?;
+            Ok(claim["status"]["allocation"]["devices"]["results"].get(0).cloned())
+        })
+    }
+
     /// Creates a Node that the scheduler considers ready and schedulable, and returns its UID.
     ///
     /// # Errors
@@ -192,6 +207,16 @@ impl ControlPlane {
         self.kubectl.run(&["patch", "node", name, "--type=merge", "-p", r#"{"spec":{"taints":null}}"#])?;
         let uid = self.kubectl.run(&["get", "node", name, "-o", "jsonpath={.metadata.uid}"])?;
         Ok(uid.trim().to_owned())
+    }
+}
+
+/// Appends the bring-up time to `target/test-bed-timings.log`, which `scripts/test.sh` prints
+/// after the run (libtest captures what tests print).
+fn record_bring_up(took: Duration) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-bed-timings.log");
+    let test = std::thread::current().name().unwrap_or("?").to_owned();
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "control plane bring-up {:.1} s ({test})", took.as_secs_f64());
     }
 }
 

@@ -120,11 +120,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         };
         let (mem, cor) = (predict(CAPACITY_MEMORY, *memory), predict(CAPACITY_CORES, *cores));
         if let (Ok(mem), Ok(cor)) = (&mem, &cor) {
-            let result = eventually(&format!("claim r{i} allocated"), Duration::from_secs(60), || {
-                plane.check_processes()?;
-                let claim = kubectl.get_json(&["resourceclaim", &format!("r{i}"), "-n", "default"])?;
-                Ok(claim["status"]["allocation"]["devices"]["results"].get(0).cloned())
-            })?;
+            let result = plane.wait_allocated("default", &format!("r{i}"), Duration::from_secs(60))?;
             eprintln!(
                 "case {i}: {memory:?}/{cores:?} -> {} / {}",
                 result["consumedCapacity"]["memory"], result["consumedCapacity"]["cores"]

@@ -93,11 +93,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
     let mut share_ids = Vec::new();
     for (name, memory, cores) in [("c1", "4Gi", "50"), ("c2", "1000Mi", "3")] {
-        let result = eventually(&format!("claim {name} allocated"), Duration::from_secs(60), || {
-            plane.check_processes()?;
-            let claim = kubectl.get_json(&["resourceclaim", name, "-n", "default"])?;
-            Ok(claim["status"]["allocation"]["devices"]["results"].get(0).cloned())
-        })?;
+        let result = plane.wait_allocated("default", name, Duration::from_secs(60))?;
         assert_eq!(result["driver"], DRIVER);
         assert_eq!(result["pool"], "node-a");
         assert_eq!(result["device"], "gpu-0");

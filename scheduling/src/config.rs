@@ -100,3 +100,76 @@ impl SharingConfig {
         Ok(())
     }
 }
+
+/// Settings that replace the cluster-wide ones on some nodes (HAMi's per-node device config).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeOverride {
+    /// The nodes this override applies to, by name.
+    pub nodes: Vec<String>,
+    /// Replaces `deviceSplitCount`.
+    pub device_split_count: Option<u32>,
+    /// Replaces `deviceMemoryScaling`.
+    pub memory_scaling: Option<Ratio>,
+    /// Replaces `deviceCoreScaling`.
+    pub core_scaling: Option<Ratio>,
+    /// Replaces the device filter.
+    pub filter: Option<DeviceFilter>,
+}
+
+impl SharingConfig {
+    /// The configuration for `node`: the cluster-wide settings with the node's override applied.
+    ///
+    /// # Errors
+    /// [`ConfigError`] when two overrides name the same node (which one wins would be a guess),
+    /// or the result is invalid.
+    pub fn for_node(&self, overrides: &[NodeOverride], node: &str) -> Result<Self, ConfigError> {
+        let mut matching = overrides.iter().filter(|o| o.nodes.iter().any(|n| n == node));
+        let mut config = self.clone();
+        if let Some(o) = matching.next() {
+            if matching.next().is_some() {
+                return Err(ConfigError { key: "nodeConfig", reason: format!("node {node} is named by more than one override") });
+            }
+            config.device_split_count = o.device_split_count.unwrap_or(config.device_split_count);
+            config.memory_scaling = o.memory_scaling.unwrap_or(config.memory_scaling);
+            config.core_scaling = o.core_scaling.unwrap_or(config.core_scaling);
+            if let Some(filter) = &o.filter {
+                config.filter = filter.clone();
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_apply_to_their_nodes_only() {
+        let base = SharingConfig::default();
+        let overrides = [NodeOverride {
+            nodes: vec!["big-1".into()],
+            device_split_count: Some(4),
+            memory_scaling: Some(Ratio::parse("deviceMemoryScaling", "1.5").unwrap()),
+            ..Default::default()
+        }];
+        let big = base.for_node(&overrides, "big-1").unwrap();
+        assert_eq!(big.device_split_count, 4);
+        assert_eq!(big.memory_scaling.to_string(), "1500m");
+        assert!(big.core_scaling.is_one());
+        assert_eq!(base.for_node(&overrides, "small-1").unwrap(), base);
+    }
+
+    #[test]
+    fn ambiguous_or_invalid_overrides_are_refused_with_the_key() {
+        let base = SharingConfig::default();
+        let twice = [
+            NodeOverride { nodes: vec!["n".into()], ..Default::default() },
+            NodeOverride { nodes: vec!["n".into()], ..Default::default() },
+        ];
+        assert_eq!(base.for_node(&twice, "n").unwrap_err().key, "nodeConfig");
+        let zero = [NodeOverride { nodes: vec!["n".into()], device_split_count: Some(0), ..Default::default() }];
+        assert_eq!(base.for_node(&zero, "n").unwrap_err().to_string(), "deviceSplitCount: must be at least 1");
+    }
+}

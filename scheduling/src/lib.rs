@@ -18,7 +18,7 @@ pub mod config;
 pub mod device;
 pub mod model;
 
-pub use config::{ConfigError, DeviceFilter, Ratio, SharingConfig};
+pub use config::{ConfigError, DeviceFilter, NodeOverride, Ratio, SharingConfig};
 pub use device::{Attribute, PublishedDevice, publish};
 pub use model::{Gpu, Health, Inventory, MigDevice};
 pub mod ledger;
