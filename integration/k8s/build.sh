@@ -32,7 +32,7 @@ k8s_bin="$CACHE/kubernetes-$K8S_VERSION"
 etcd_bin="$CACHE/etcd-$ETCD_VERSION"
 helm_bin="$CACHE/helm-$HELM_VERSION"
 # Our own Go tools change with the repository: key them by their source as well as the release.
-tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go) | sha256sum | cut -c1-16)"
+tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go release/*/*.go) | sha256sum | cut -c1-16)"
 tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
 
 have_all() {
@@ -63,6 +63,16 @@ prepare_k8s_module() {
 	} >"$dir/go.mod"
 	rm -rf "$dir/cmd"
 	cp -r "$HERE/cmd" "$dir/cmd"
+	# The kubelet's plugin interfaces change between releases: take the newest adapter that is
+	# not newer than the release being built.
+	local minor="${K8S_VERSION#v1.}" adapter=""
+	minor="${minor%%.*}"
+	for rel in "$HERE"/release/v1.*; do
+		local m="${rel##*/v1.}"
+		if ((m <= minor)) && { [[ -z "$adapter" ]] || ((m > ${adapter##*/v1.})); }; then adapter="$rel"; fi
+	done
+	[[ -n "$adapter" ]] || { log "no kubelet-sim adapter for Kubernetes $K8S_VERSION"; exit 1; }
+	cp "$adapter/adapter.go" "$dir/cmd/kubelet-sim/adapter.go"
 	(cd "$dir" && go mod tidy >&2)
 }
 

@@ -36,7 +36,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
-	drahealthv1alpha1 "k8s.io/kubelet/pkg/apis/dra-health/v1alpha1"
 	drapbv1 "k8s.io/kubelet/pkg/apis/dra/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra/plugin"
 	"k8s.io/kubernetes/pkg/kubelet/config"
@@ -77,37 +76,21 @@ func (h *handler) filter(versions []string) []string {
 	return kept
 }
 
-func (h *handler) ValidatePlugin(name, endpoint string, versions []string) error {
-	return h.pm.ValidatePlugin(name, endpoint, h.filter(versions))
-}
-
-func (h *handler) RegisterPlugin(name, endpoint string, versions []string, timeout *time.Duration) error {
-	err := h.pm.RegisterPlugin(name, endpoint, h.filter(versions), timeout)
+func (h *handler) registered(name, endpoint string, versions []string, err error) {
 	ev := map[string]any{"event": "registered", "driver": name, "endpoint": endpoint, "versions": versions}
 	if err != nil {
 		ev["error"] = err.Error()
 	}
 	h.out.emit(ev)
-	return err
 }
 
-func (h *handler) DeRegisterPlugin(name, endpoint string) {
-	h.pm.DeRegisterPlugin(name, endpoint)
+func (h *handler) deregistered(name, endpoint string) {
 	h.out.emit(map[string]any{"event": "deregistered", "driver": name, "endpoint": endpoint})
 }
 
-// healthPrinter is the kubelet's health stream consumer, printing every update it receives.
+// healthPrinter is the kubelet's health stream consumer, printing every update it receives; its
+// stream type differs between releases (see adapter.go).
 type healthPrinter struct{ out *out }
-
-func (p *healthPrinter) HandleWatchResourcesStream(ctx context.Context, stream drahealthv1alpha1.DRAResourceHealth_NodeWatchResourcesClient, driver string) error {
-	for {
-		resp, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		p.out.emit(map[string]any{"event": "health", "driver": driver, "devices": resp.GetDevices()})
-	}
-}
 
 // sources tells the plugin manager that all pod sources are ready, as a running kubelet would.
 type sources struct{}
