@@ -1,13 +1,17 @@
 //! Command-line interface: every flag has an environment twin; parsing has no side effects.
 
 use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use vgpu_scheduling::{DriverName, SharingConfig, publish};
+use vgpu_scheduling::{SharingConfig, publish};
 
-use crate::discovery::DeviceSource;
+use crate::config::{self, ConfigFlags};
 use crate::discovery::mock::{MockSource, parse_spec};
+use crate::discovery::nvml::NvmlSource;
+use crate::discovery::{DeviceSource, MockFileSource};
 use crate::slices::{PoolIdentity, build_slices};
 
 /// vgpu-dra: share NVIDIA GPUs between pods through Kubernetes DRA, with HAMi-core limits.
@@ -24,6 +28,8 @@ pub struct Cli {
 pub enum Command {
     /// Print the ResourceSlices this node would publish, without a cluster.
     Inventory(InventoryArgs),
+    /// Run on the node: publish the node's ResourceSlices and keep them true.
+    KubeletPlugin(KubeletPluginArgs),
 }
 
 /// Output formats.
@@ -35,24 +41,127 @@ pub enum OutputFormat {
     Yaml,
 }
 
+/// Where the GPUs come from: NVML unless a mock is given.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SourceArgs {
+    /// Mock GPUs instead of NVML: `[COUNTx]PRODUCT:MEMORY,...`, e.g. `1xTesla T4:15Gi`.
+    #[arg(long, env = "VGPU_DRA_MOCK_GPUS", conflicts_with = "mock_inventory")]
+    pub mock_gpus: Option<String>,
+    /// Mock inventory file (JSON or YAML: driverVersion, cudaDriverVersion, gpus[]), re-read on
+    /// every poll so cards and health can be changed by editing it.
+    #[arg(long, env = "VGPU_DRA_MOCK_INVENTORY")]
+    pub mock_inventory: Option<PathBuf>,
+}
+
+/// The sharing configuration flags; each wins over the config file.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArgs {
+    /// Config file (YAML): driverName, deviceSplitCount, deviceMemoryScaling,
+    /// deviceCoreScaling, filterDevices, nodeConfig.
+    #[arg(long, env = "VGPU_DRA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// DRA driver name [default: hami-core-gpu.project-hami.io].
+    #[arg(long, env = "VGPU_DRA_DRIVER_NAME")]
+    pub driver_name: Option<String>,
+    /// Shares one card can hold at once (HAMi deviceSplitCount) [default: 10].
+    #[arg(long, env = "VGPU_DRA_DEVICE_SPLIT_COUNT")]
+    pub device_split_count: Option<u32>,
+    /// Memory over-subscription factor (HAMi deviceMemoryScaling) [default: 1].
+    #[arg(long, env = "VGPU_DRA_DEVICE_MEMORY_SCALING")]
+    pub device_memory_scaling: Option<String>,
+    /// Compute over-subscription factor (HAMi deviceCoreScaling) [default: 1].
+    #[arg(long, env = "VGPU_DRA_DEVICE_CORE_SCALING")]
+    pub device_core_scaling: Option<String>,
+    /// Leave out the card with this UUID (repeatable).
+    #[arg(long = "filter-uuid", env = "VGPU_DRA_FILTER_UUIDS", value_delimiter = ',')]
+    pub filter_uuids: Vec<String>,
+    /// Leave out the card with this NVML index (repeatable).
+    #[arg(long = "filter-index", env = "VGPU_DRA_FILTER_INDICES", value_delimiter = ',')]
+    pub filter_indices: Vec<u32>,
+}
+
+impl ConfigArgs {
+    /// The configuration for `node`.
+    ///
+    /// # Errors
+    /// [`UsageError`] naming the key.
+    pub fn resolve(&self, node: &str) -> Result<SharingConfig, UsageError> {
+        let flags = ConfigFlags {
+            driver_name: self.driver_name.clone(),
+            device_split_count: self.device_split_count,
+            device_memory_scaling: self.device_memory_scaling.clone(),
+            device_core_scaling: self.device_core_scaling.clone(),
+            filter_uuids: self.filter_uuids.clone(),
+            filter_indices: self.filter_indices.clone(),
+        };
+        config::resolve(self.config.as_deref(), &flags, node).map_err(|e| UsageError(e.to_string()))
+    }
+}
+
+impl SourceArgs {
+    /// The device source these flags name.
+    ///
+    /// # Errors
+    /// [`UsageError`] for a bad mock spec; discovery errors when NVML is unavailable.
+    pub fn source(&self, node: &str) -> anyhow::Result<Arc<dyn DeviceSource>> {
+        if let Some(spec) = &self.mock_gpus {
+            let cards = parse_spec(spec).map_err(|e| UsageError(e.to_string()))?;
+            return Ok(Arc::new(MockSource::new(node, cards)));
+        }
+        if let Some(path) = &self.mock_inventory {
+            return Ok(Arc::new(MockFileSource::new(path)));
+        }
+        Ok(Arc::new(NvmlSource::new()?))
+    }
+}
+
 /// Arguments of `vgpu-dra inventory`.
 #[derive(Debug, clap::Args)]
 pub struct InventoryArgs {
     /// The node the slices are for (also the pool name).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// Mock GPUs instead of NVML: `[COUNTx]PRODUCT:MEMORY,...`, e.g. `1xTesla T4:15Gi`.
-    #[arg(long, env = "VGPU_DRA_MOCK_GPUS")]
-    pub mock_gpus: String,
-    /// DRA driver name.
-    #[arg(long, env = "VGPU_DRA_DRIVER_NAME", default_value = vgpu_scheduling::config::DEFAULT_DRIVER_NAME)]
-    pub driver_name: String,
-    /// Shares one card can hold at once (HAMi deviceSplitCount).
-    #[arg(long, env = "VGPU_DRA_DEVICE_SPLIT_COUNT", default_value_t = 10)]
-    pub device_split_count: u32,
+    /// Device source.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Sharing configuration.
+    #[command(flatten)]
+    pub config: ConfigArgs,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "yaml")]
     pub output: OutputFormat,
+}
+
+/// Arguments of `vgpu-dra kubelet-plugin`.
+#[derive(Debug, clap::Args)]
+pub struct KubeletPluginArgs {
+    /// This node's name (the downward API's `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Kubeconfig; in a pod the service account is used.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Device source.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Sharing configuration.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// How often the inventory is re-read, in milliseconds.
+    #[arg(long, env = "VGPU_DRA_INVENTORY_POLL_MS", default_value_t = 5000)]
+    pub inventory_poll_ms: u64,
+    /// Log format.
+    #[arg(long, env = "VGPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Log line formats.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// A failure the user caused: printed as one line, exit status 2.
@@ -74,13 +183,10 @@ struct List<T> {
 /// # Errors
 /// [`UsageError`] for bad arguments; other errors for failed output.
 pub fn inventory(args: &InventoryArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cards = parse_spec(&args.mock_gpus).map_err(|e| UsageError(e.to_string()))?;
-    let driver = DriverName::new(args.driver_name.clone()).map_err(|e| UsageError(format!("--driver-name: {e}")))?;
-    let config =
-        SharingConfig { driver_name: driver.clone(), device_split_count: args.device_split_count, ..SharingConfig::default() };
-    config.validate().map_err(|e| UsageError(format!("--device-split-count: {}", e.reason)))?;
-    let inventory = MockSource::new(&args.node_name, cards).inventory()?;
-    let pool = PoolIdentity { driver, node_name: args.node_name.clone(), node_uid: None, generation: 1 };
+    let config = args.config.resolve(&args.node_name)?;
+    let inventory = args.source.source(&args.node_name)?.inventory()?;
+    let pool =
+        PoolIdentity { driver: config.driver_name.clone(), node_name: args.node_name.clone(), node_uid: None, generation: 1 };
     let slices = build_slices(&pool, &publish(&inventory, &config));
     let items: Vec<serde_json::Value> = slices
         .iter()

@@ -6,6 +6,9 @@
 //! handling in `cdi-spec`, the kubelet's wire contracts in `vgpu-dra-proto`.
 
 pub mod cli;
+pub mod config;
+pub mod daemon;
 pub mod discovery;
+pub mod publisher;
 pub mod slices;
 pub mod uds;

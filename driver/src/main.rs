@@ -4,11 +4,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use vgpu_dra::cli::{Cli, Command, UsageError, inventory};
+use vgpu_dra::daemon;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Inventory(args) => inventory(args, &mut std::io::stdout().lock()),
+        Command::KubeletPlugin(args) => daemon::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -59,3 +59,16 @@ fn bad_specs_fail_with_one_line_naming_the_item_and_exit_2() {
     assert_eq!(code, 2);
     assert!(stderr.contains("--driver-name"), "{stderr}");
 }
+
+#[test]
+fn without_the_nvidia_library_nvml_discovery_fails_in_one_line() {
+    // These test machines have no NVIDIA driver; on a GPU node this test is not meaningful.
+    if std::path::Path::new("/dev/nvidiactl").exists() {
+        return;
+    }
+    let (code, stdout, stderr) = run(&["inventory", "--node-name", "n1"]);
+    assert_ne!(code, 0);
+    assert!(stdout.is_empty());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("NVML unavailable") && stderr.contains("--mock-gpus"), "{stderr}");
+}

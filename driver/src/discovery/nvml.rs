@@ -1,0 +1,113 @@
+//! Discovery through NVML. `libnvidia-ml.so` is loaded at run time, so a node without the NVIDIA
+//! driver gets a clear error instead of a crash at start. Read-only: nothing here changes a GPU's
+//! settings.
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+use vgpu_scheduling::{Gpu, Health, Inventory, MigDevice};
+
+use super::{DeviceSource, DiscoveryError};
+
+/// NVML's "MIG enabled" mode value.
+const MIG_ENABLED: u32 = 1;
+/// More MIG instances than any card supports: the scan stops at the first missing index.
+const MAX_MIG_SCAN: u32 = 8;
+
+/// The NVML device source; holds the loaded library.
+pub struct NvmlSource {
+    nvml: Nvml,
+}
+
+impl std::fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NvmlSource")
+    }
+}
+
+impl NvmlSource {
+    /// Loads and initialises NVML.
+    ///
+    /// # Errors
+    /// [`DiscoveryError::NvmlUnavailable`] when the library or driver is missing.
+    pub fn new() -> Result<Self, DiscoveryError> {
+        Nvml::init().map(|nvml| Self { nvml }).map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
+    }
+}
+
+/// One line for an NVML error, saying what the operator can do about the common ones.
+fn describe(e: &NvmlError) -> String {
+    match e {
+        NvmlError::LibloadingError(_) => {
+            "libnvidia-ml.so could not be loaded (no NVIDIA driver on this node?); use --mock-gpus or --mock-inventory on GPU-less nodes".into()
+        }
+        NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".into(),
+        NvmlError::NoPermission => "no permission to use NVML (is /dev/nvidiactl accessible?)".into(),
+        other => other.to_string(),
+    }
+}
+
+fn step<T>(what: &'static str, r: Result<T, NvmlError>) -> Result<T, DiscoveryError> {
+    r.map_err(|e| DiscoveryError::Nvml { what, reason: describe(&e) })
+}
+
+impl DeviceSource for NvmlSource {
+    fn inventory(&self) -> Result<Inventory, DiscoveryError> {
+        let nvml = &self.nvml;
+        let driver_version = step("driver version", nvml.sys_driver_version())?;
+        let cuda = step("CUDA driver version", nvml.sys_cuda_driver_version())?;
+        let cuda_major = u32::try_from(cuda / 1000).unwrap_or(0);
+        let cuda_minor = u32::try_from((cuda % 1000) / 10).unwrap_or(0);
+        let mut gpus = Vec::new();
+        for index in 0..step("device count", nvml.device_count())? {
+            let dev = match nvml.device_by_index(index) {
+                Ok(dev) => dev,
+                // A lost card is reported, not hidden: publish it unhealthy with what is known.
+                Err(NvmlError::GpuLost) => {
+                    tracing::warn!(index, "GPU is lost (fell off the bus)");
+                    continue;
+                }
+                Err(e) => return Err(DiscoveryError::Nvml { what: "device handle", reason: describe(&e) }),
+            };
+            let cc = step("compute capability", dev.cuda_compute_capability())?;
+            let mig = match dev.mig_mode() {
+                Ok(mode) if mode.current == MIG_ENABLED => Some(mig_devices(&dev)?),
+                _ => None,
+            };
+            gpus.push(Gpu {
+                uuid: step("uuid", dev.uuid())?,
+                minor: step("minor number", dev.minor_number())?,
+                index,
+                product_name: step("name", dev.name())?,
+                brand: dev.brand().map(|b| format!("{b:?}")).unwrap_or_default(),
+                memory_bytes: step("memory info", dev.memory_info())?.total,
+                architecture: dev.architecture().map(|a| a.to_string()).unwrap_or_default(),
+                compute_capability: (u32::try_from(cc.major).unwrap_or(0), u32::try_from(cc.minor).unwrap_or(0)),
+                pci_bus_id: step("PCI info", dev.pci_info())?.bus_id.to_lowercase(),
+                pcie_root: None,
+                multiprocessors: 0,
+                mig,
+                health: Health::Healthy,
+            });
+        }
+        Ok(Inventory { driver_version, cuda_driver_version: (cuda_major, cuda_minor), gpus })
+    }
+}
+
+fn mig_devices(parent: &nvml_wrapper::Device<'_>) -> Result<Vec<MigDevice>, DiscoveryError> {
+    let mut out = Vec::new();
+    for i in 0..MAX_MIG_SCAN {
+        let Ok(mig) = parent.mig_device_by_index(i) else { continue };
+        let name = step("MIG name", mig.name())?;
+        // NVML names MIG devices "<product> MIG <profile>".
+        let profile = name.rsplit_once("MIG ").map_or(name.as_str(), |(_, p)| p).to_owned();
+        out.push(MigDevice {
+            uuid: step("MIG uuid", mig.uuid())?,
+            profile,
+            gpu_instance: i,
+            compute_instance: 0,
+            memory_bytes: step("MIG memory info", mig.memory_info())?.total,
+            multiprocessors: 0,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,286 @@
+//! The ResourceSlice publisher: keeps the node's pool on the API server equal to what discovery
+//! and configuration say, and puts it back within moments when someone deletes or edits it (the
+//! kubelet wipes a node's slices when it starts and 30 s after losing the plugin).
+//!
+//! One loop: a watch on our own slices and a poll of the inventory wake the reconciler, which
+//! lists our slices, writes (server-side apply) only those that differ, deletes extra ones and
+//! bumps the pool generation when the device set changes. A restart that finds everything in
+//! place writes nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use vgpu_scheduling::{PublishedDevice, SharingConfig, publish};
+
+use crate::discovery::{DeviceSource, DiscoveryError};
+use crate::slices::{LABEL_MANAGED_BY, PoolIdentity, build_slices};
+
+/// Field manager of our server-side applies.
+pub const FIELD_MANAGER: &str = "vgpu-dra";
+
+/// Publisher failures; each says which step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    /// Discovery failed.
+    #[error("discovering GPUs")]
+    Discovery(#[from] DiscoveryError),
+    /// The Node object could not be read.
+    #[error("reading Node {node}")]
+    Node {
+        /// The node.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Listing our slices failed.
+    #[error("listing ResourceSlices")]
+    List(#[source] kube::Error),
+    /// Writing a slice failed.
+    #[error("applying ResourceSlice {name}")]
+    Apply {
+        /// The slice.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting a stale slice failed.
+    #[error("deleting ResourceSlice {name}")]
+    Delete {
+        /// The slice.
+        name: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Timing of the publisher.
+#[derive(Debug, Clone)]
+pub struct PublisherOptions {
+    /// How often the inventory is read for changes.
+    pub inventory_poll: Duration,
+    /// A full reconcile at least this often, even without events.
+    pub resync: Duration,
+    /// First retry delay after an error; doubles up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+}
+
+impl Default for PublisherOptions {
+    fn default() -> Self {
+        Self {
+            inventory_poll: Duration::from_secs(5),
+            resync: Duration::from_secs(600),
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one reconcile did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileOutcome {
+    /// Slices written.
+    pub applied: usize,
+    /// Slices deleted.
+    pub deleted: usize,
+    /// The pool generation now published.
+    pub generation: i64,
+}
+
+/// Publishes one node's pool.
+pub struct Publisher {
+    slices: Api<ResourceSlice>,
+    nodes: Api<Node>,
+    source: Arc<dyn DeviceSource>,
+    config: SharingConfig,
+    node_name: String,
+    options: PublisherOptions,
+    generation: i64,
+    published: Option<Vec<PublishedDevice>>,
+}
+
+impl Publisher {
+    /// A publisher for `node_name` with devices from `source`.
+    pub fn new(
+        client: kube::Client,
+        node_name: String,
+        source: Arc<dyn DeviceSource>,
+        config: SharingConfig,
+        options: PublisherOptions,
+    ) -> Self {
+        Self {
+            slices: Api::all(client.clone()),
+            nodes: Api::all(client),
+            source,
+            config,
+            node_name,
+            options,
+            generation: 0,
+            published: None,
+        }
+    }
+
+    fn selector(&self) -> String {
+        format!("spec.nodeName={},spec.driver={}", self.node_name, self.config.driver_name)
+    }
+
+    /// Runs until `cancel` fires: reconciles on start, on every change of our slices, on
+    /// inventory changes and periodically; errors are retried with capped backoff and logged
+    /// once per change of state.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let wake = Arc::new(Notify::new());
+        let watch = tokio::spawn(watch_slices(self.slices.clone(), self.selector(), wake.clone(), cancel.clone()));
+        let mut backoff = self.options.min_backoff;
+        let mut last_error: Option<String> = None;
+        let mut poll = tokio::time::interval(self.options.inventory_poll);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            match self.reconcile().await {
+                Ok(outcome) => {
+                    if last_error.take().is_some() {
+                        tracing::info!(node = %self.node_name, "publishing ResourceSlices works again");
+                    }
+                    if outcome.applied + outcome.deleted > 0 {
+                        tracing::info!(node = %self.node_name, applied = outcome.applied, deleted = outcome.deleted, generation = outcome.generation, "ResourceSlices published");
+                    }
+                    backoff = self.options.min_backoff;
+                    let resync = tokio::time::sleep(self.options.resync);
+                    tokio::pin!(resync);
+                    loop {
+                        tokio::select! {
+                            () = cancel.cancelled() => break,
+                            () = wake.notified() => break,
+                            () = &mut resync => break,
+                            _ = poll.tick() => {
+                                if self.inventory_changed() {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    // Let a burst of watch events (a DeleteCollection) settle into one reconcile.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => {
+                    let message = format!("{:#}", anyhow::Error::from(e));
+                    if last_error.as_deref() != Some(message.as_str()) {
+                        tracing::warn!(node = %self.node_name, error = %message, retry_in = ?backoff, "publishing ResourceSlices failed");
+                        last_error = Some(message);
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(self.options.max_backoff);
+                }
+            }
+            if cancel.is_cancelled() {
+                break;
+            }
+        }
+        watch.abort();
+    }
+
+    fn inventory_changed(&self) -> bool {
+        match self.source.inventory() {
+            Ok(inv) => self.published.as_ref() != Some(&publish(&inv, &self.config)),
+            // Let the reconcile report it.
+            Err(_) => true,
+        }
+    }
+
+    /// One pass: make the server's slices equal the desired ones.
+    ///
+    /// # Errors
+    /// [`PublishError`] naming the step; the next pass starts over.
+    pub async fn reconcile(&mut self) -> Result<ReconcileOutcome, PublishError> {
+        let devices = publish(&self.source.inventory()?, &self.config);
+        let node = self
+            .nodes
+            .get(&self.node_name)
+            .await
+            .map_err(|source| PublishError::Node { node: self.node_name.clone(), source })?;
+        let existing = self.slices.list(&ListParams::default().fields(&self.selector())).await.map_err(PublishError::List)?.items;
+        let server_generation = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
+        let mut pool = PoolIdentity {
+            driver: self.config.driver_name.clone(),
+            node_name: self.node_name.clone(),
+            node_uid: node.metadata.uid.clone(),
+            generation: self.generation.max(server_generation).max(1),
+        };
+        let mut desired = build_slices(&pool, &devices);
+        let same_devices = existing.len() == desired.len()
+            && desired
+                .iter()
+                .all(|d| existing.iter().any(|e| e.metadata.name == d.metadata.name && e.spec.devices == d.spec.devices));
+        if !same_devices && !existing.is_empty() {
+            pool.generation += 1;
+            desired = build_slices(&pool, &devices);
+        }
+        let mut outcome = ReconcileOutcome { generation: pool.generation, ..Default::default() };
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for slice in &desired {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let current = existing.iter().find(|e| e.metadata.name.as_deref() == Some(name.as_str()));
+            if current.is_some_and(|c| up_to_date(c, slice)) {
+                continue;
+            }
+            self.slices
+                .patch(&name, &params, &Patch::Apply(slice))
+                .await
+                .map_err(|source| PublishError::Apply { name: name.clone(), source })?;
+            outcome.applied += 1;
+        }
+        for stale in existing.iter().filter(|e| !desired.iter().any(|d| d.metadata.name == e.metadata.name)) {
+            let name = stale.metadata.name.clone().unwrap_or_default();
+            match self.slices.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => outcome.deleted += 1,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(source) => return Err(PublishError::Delete { name, source }),
+            }
+        }
+        self.generation = pool.generation;
+        self.published = Some(devices);
+        Ok(outcome)
+    }
+}
+
+/// Whether the server's slice already says what we would write.
+fn up_to_date(current: &ResourceSlice, desired: &ResourceSlice) -> bool {
+    let labels_ok = current.metadata.labels.as_ref().and_then(|l| l.get(LABEL_MANAGED_BY))
+        == desired.metadata.labels.as_ref().and_then(|l| l.get(LABEL_MANAGED_BY));
+    let owners_ok =
+        desired.metadata.owner_references.is_none() || current.metadata.owner_references == desired.metadata.owner_references;
+    labels_ok && owners_ok && current.spec == desired.spec
+}
+
+/// Wakes the reconciler on every change to our slices (deletions, edits by others).
+async fn watch_slices(api: Api<ResourceSlice>, selector: String, wake: Arc<Notify>, cancel: CancellationToken) {
+    let config = watcher::Config::default().fields(&selector);
+    let mut events = std::pin::pin!(watcher(api, config));
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => wake.notify_one(),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "ResourceSlice watch restarts");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                None => return,
+            }
+        }
+    }
+}
