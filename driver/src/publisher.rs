@@ -143,6 +143,7 @@ impl Publisher {
         let watch = tokio::spawn(watch_slices(self.slices.clone(), self.selector(), wake.clone(), cancel.clone()));
         let mut backoff = self.options.min_backoff;
         let mut last_error: Option<String> = None;
+        let mut first = true;
         let mut poll = tokio::time::interval(self.options.inventory_poll);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -151,6 +152,10 @@ impl Publisher {
                     if last_error.take().is_some() {
                         tracing::info!(node = %self.node_name, "publishing ResourceSlices works again");
                     }
+                    if outcome.applied + outcome.deleted == 0 && first {
+                        tracing::info!(node = %self.node_name, generation = outcome.generation, "ResourceSlices already up to date");
+                    }
+                    first = false;
                     if outcome.applied + outcome.deleted > 0 {
                         tracing::info!(node = %self.node_name, applied = outcome.applied, deleted = outcome.deleted, generation = outcome.generation, "ResourceSlices published");
                     }
@@ -220,11 +225,19 @@ impl Publisher {
             generation: self.generation.max(server_generation).max(1),
         };
         let mut desired = build_slices(&pool, &devices);
-        let same_devices = existing.len() == desired.len()
-            && desired
-                .iter()
-                .all(|d| existing.iter().any(|e| e.metadata.name == d.metadata.name && e.spec.devices == d.spec.devices));
-        if !same_devices && !existing.is_empty() {
+        // The generation tells the scheduler the device set changed. Compare with what we last
+        // published; only a fresh start compares with the server (restoring someone's edit or a
+        // wiped pool is not a change of the set).
+        let changed = match &self.published {
+            Some(previous) => *previous != devices,
+            None => {
+                existing.len() != desired.len()
+                    || !desired
+                        .iter()
+                        .all(|d| existing.iter().any(|e| e.metadata.name == d.metadata.name && e.spec.devices == d.spec.devices))
+            }
+        };
+        if changed && (self.published.is_some() || !existing.is_empty()) {
             pool.generation += 1;
             desired = build_slices(&pool, &devices);
         }

@@ -7,11 +7,13 @@
 
 mod components;
 mod control_plane;
+mod driver;
 mod kubelet_sim;
 mod process;
 
 pub use components::{Components, components};
 pub use control_plane::{ControlPlane, Kubectl, write_kubeconfig};
+pub use driver::{driver_binary, start_driver};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};
 pub use process::{ManagedProcess, free_port};
 

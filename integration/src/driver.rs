@@ -1,0 +1,50 @@
+//! The vgpu-dra binary as a test runs it: built once per test process, started as a managed
+//! child against a control plane.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{Context, bail};
+
+use crate::{ControlPlane, ManagedProcess};
+
+/// The `vgpu-dra` binary, built (or found up to date) by cargo once per test process.
+///
+/// # Errors
+/// When the build fails.
+pub fn driver_binary() -> anyhow::Result<&'static Path> {
+    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BIN.get_or_init(|| build().map_err(|e| format!("{e:#}"))).as_deref().map_err(|e| anyhow::anyhow!("building vgpu-dra: {e}"))
+}
+
+fn build() -> anyhow::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "-q", "-p", "vgpu-dra", "--bin", "vgpu-dra"])
+        .status()
+        .context("running cargo")?;
+    if !status.success() {
+        bail!("cargo build -p vgpu-dra failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    Ok(target.join("debug/vgpu-dra"))
+}
+
+/// Starts `vgpu-dra kubelet-plugin` for `node` against `plane` with extra `args`; logs go to
+/// `<plane dir>/<name>.log` and are printed if the test fails.
+///
+/// # Errors
+/// When the binary cannot be built or started.
+pub fn start_driver(plane: &ControlPlane, name: &str, node: &str, args: &[&str]) -> anyhow::Result<ManagedProcess> {
+    let mut full = vec![
+        "kubelet-plugin".to_owned(),
+        format!("--node-name={node}"),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        "--inventory-poll-ms=200".to_owned(),
+    ];
+    full.extend(args.iter().map(|a| (*a).to_owned()));
+    ManagedProcess::spawn(name, driver_binary()?, &full, plane.dir())
+}
