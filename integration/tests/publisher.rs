@@ -205,3 +205,23 @@ fn split_count_bounds_the_shares_of_a_card() {
         panic!("{e:#}");
     }
 }
+
+#[test]
+fn an_unreachable_api_server_is_retried_and_logged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = vgpu_dra_integration::free_port().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    vgpu_dra_integration::write_kubeconfig(&kubeconfig, &format!("https://127.0.0.1:{port}"), "t").unwrap();
+    let bin = vgpu_dra_integration::driver_binary().unwrap();
+    let args: Vec<String> = ["kubelet-plugin", "--node-name=n1", "--mock-gpus=T4:15Gi", "--inventory-poll-ms=100"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain([format!("--kubeconfig={}", kubeconfig.display())])
+        .collect();
+    let mut driver = vgpu_dra_integration::ManagedProcess::spawn("driver", bin, &args, dir.path()).unwrap();
+    // Several backoff rounds (200 ms, 400 ms, 800 ms, ...) pass in 4 s.
+    std::thread::sleep(Duration::from_secs(4));
+    driver.check_running().unwrap();
+    let log = std::fs::read_to_string(driver.log()).unwrap();
+    assert_eq!(log.matches("publishing ResourceSlices failed").count(), 1, "{log}");
+}
