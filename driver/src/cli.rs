@@ -147,6 +147,27 @@ pub struct KubeletPluginArgs {
     /// Sharing configuration.
     #[command(flatten)]
     pub config: ConfigArgs,
+    /// The kubelet's root directory (plugins_registry/ and plugins/ live there).
+    #[arg(long, env = "VGPU_DRA_KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
+    /// Where CDI specs are written (the runtime reads it; tmpfs on most hosts).
+    #[arg(long, env = "VGPU_DRA_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+    /// HAMi-core's host directory: libvgpu.so, ld.so.preload and claims/.
+    #[arg(long, env = "VGPU_DRA_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
+    pub hami_core_dir: PathBuf,
+    /// HAMi-core's lock directory, shared by all containers of the node.
+    #[arg(long, env = "VGPU_DRA_LOCK_DIR", default_value = "/tmp/vgpulock")]
+    pub lock_dir: PathBuf,
+    /// Where the cards' device nodes are looked up.
+    #[arg(long, env = "VGPU_DRA_DEV_ROOT", default_value = "/dev")]
+    pub dev_root: PathBuf,
+    /// `LIBCUDA_LOG_LEVEL` for HAMi-core (0-4).
+    #[arg(long, env = "VGPU_DRA_LIBCUDA_LOG_LEVEL", value_parser = clap::value_parser!(u8).range(0..=4))]
+    pub libcuda_log_level: Option<u8>,
+    /// `GPU_CORE_UTILIZATION_POLICY` for HAMi-core.
+    #[arg(long, env = "VGPU_DRA_CORE_UTILIZATION_POLICY", value_parser = ["default", "force", "disable"])]
+    pub core_utilization_policy: Option<String>,
     /// How often the inventory is re-read, in milliseconds.
     #[arg(long, env = "VGPU_DRA_INVENTORY_POLL_MS", default_value_t = 5000)]
     pub inventory_poll_ms: u64,

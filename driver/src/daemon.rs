@@ -6,7 +6,17 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use cdi_spec::{Kind, SpecDir};
+use vgpu_scheduling::{LimitOptions, SharingConfig};
+
 use crate::cli::{KubeletPluginArgs, LogFormat};
+use crate::plugin::cdi::CdiOptions;
+use crate::plugin::checkpoint::Checkpoint;
+use crate::plugin::state::State;
+use crate::plugin::{self, Paths};
 use crate::publisher::{Publisher, PublisherOptions};
 
 /// How long shutdown may take before the process gives up waiting.
@@ -42,17 +52,38 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         let client = kube_client(args).await?;
         let cancel = CancellationToken::new();
         tracing::info!(node = %args.node_name, driver = %config.driver_name, split = config.device_split_count, "vgpu-dra kubelet plugin starting");
+        let paths = Paths::new(&args.kubelet_dir, config.driver_name.as_str());
+        let cdi = cdi_options(args, &config)?;
+        prepare_host(&cdi).await?;
+        let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
+        let state = State::recover(Some(client.clone()), source.clone(), config.clone(), args.node_name.clone(), Checkpoint::new(&paths.checkpoint), cdi, specs)
+            .await
+            .context("recovering prepared claims")?;
+        let state = Arc::new(state);
+        let registered = Arc::new(AtomicBool::new(false));
         let options = PublisherOptions { inventory_poll: Duration::from_millis(args.inventory_poll_ms.max(100)), ..Default::default() };
+        let driver = config.driver_name.to_string();
         let publisher = Publisher::new(client, args.node_name.clone(), source, config, options);
-        let mut task = tokio::spawn(publisher.run(cancel.clone()));
+        let plugin_cancel = cancel.clone();
+        let plugin = tokio::spawn(async move {
+            if let Err(e) = plugin::serve(&paths, &driver, state, registered, plugin_cancel.clone()).await {
+                // A plugin that cannot serve the kubelet is useless: stop everything.
+                tracing::error!(error = %format!("{e:#}"), "kubelet plugin failed");
+                plugin_cancel.cancel();
+            }
+        });
+        let publisher_task = tokio::spawn(publisher.run(cancel.clone()));
+        let mut task = tokio::spawn(async move {
+            let _ = tokio::join!(plugin, publisher_task);
+        });
         tokio::select! {
             signal = shutdown_signal() => {
                 tracing::info!(signal, "shutting down");
                 cancel.cancel();
             }
             res = &mut task => {
-                res.context("publisher task")?;
-                return Ok(());
+                res.context("driver tasks")?;
+                anyhow::bail!("the kubelet plugin stopped");
             }
         }
         tokio::select! {
@@ -87,4 +118,44 @@ async fn shutdown_signal() -> &'static str {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     }
+}
+
+/// The CDI settings from the arguments.
+///
+/// # Errors
+/// When the driver name makes no valid CDI kind.
+pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::Result<CdiOptions> {
+    Ok(CdiOptions {
+        kind: Kind::new(&format!("k8s.{}", config.driver_name), "claim")?,
+        libvgpu: args.hami_core_dir.join("libvgpu.so"),
+        preload: args.hami_core_dir.join("ld.so.preload"),
+        claims_root: args.hami_core_dir.join("claims"),
+        lock_dir: args.lock_dir.clone(),
+        dev_root: args.dev_root.clone(),
+        synthesize_nodes: args.source.mock_gpus.is_some() || args.source.mock_inventory.is_some(),
+        limits: LimitOptions {
+            oversubscribed: !config.memory_scaling.is_one(),
+            log_level: args.libcuda_log_level,
+            core_policy: args.core_utilization_policy.clone(),
+        },
+    })
+}
+
+/// Creates the lock and claims directories and, when missing, the `ld.so.preload` that names
+/// the library (written atomically; an existing one is never replaced under running containers).
+async fn prepare_host(cdi: &CdiOptions) -> anyhow::Result<()> {
+    for dir in [&cdi.lock_dir, &cdi.claims_root] {
+        tokio::fs::create_dir_all(dir).await.with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if tokio::fs::metadata(&cdi.preload).await.is_err() {
+        let dir = cdi.preload.parent().unwrap_or(std::path::Path::new("/"));
+        let body = format!("{}\n", cdi.libvgpu.display());
+        let tmp = dir.join(".ld.so.preload.tmp");
+        tokio::fs::write(&tmp, body).await.with_context(|| format!("writing {}", tmp.display()))?;
+        tokio::fs::rename(&tmp, &cdi.preload).await.with_context(|| format!("creating {}", cdi.preload.display()))?;
+    }
+    if tokio::fs::metadata(&cdi.libvgpu).await.is_err() {
+        tracing::warn!(path = %cdi.libvgpu.display(), "HAMi-core library not found; containers of prepared claims cannot start until it is installed");
+    }
+    Ok(())
 }

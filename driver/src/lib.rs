@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
+pub mod plugin;
 pub mod publisher;
 pub mod slices;
 pub mod uds;

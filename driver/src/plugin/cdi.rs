@@ -1,0 +1,154 @@
+//! The CDI spec of a prepared claim: HAMi-core's limits and library, the card's device nodes.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use cdi_spec::{ContainerEdits, Device, DeviceNode, Kind, Mount, NameError, Spec};
+use vgpu_scheduling::device::{CAPACITY_CORES, CAPACITY_MEMORY};
+use vgpu_scheduling::{DeviceShare, LimitError, LimitOptions, PublishedDevice, Quantity, container_env};
+
+use super::claim::{ClaimDevice, ClaimRef};
+
+/// Annotation naming the claim of a spec, so specs can be matched with claims after a lost
+/// checkpoint.
+pub const ANNOTATION_CLAIM: &str = "vgpu-dra.io/claim";
+/// NVIDIA's character device major.
+const NVIDIA_MAJOR: i64 = 195;
+
+/// Where HAMi-core's pieces live on the host and what goes into every spec.
+#[derive(Debug, Clone)]
+pub struct CdiOptions {
+    /// The CDI kind, `k8s.<driver>/claim`.
+    pub kind: Kind,
+    /// Host path of `libvgpu.so`, mounted at the same path (HAMi-core dlopens it there).
+    pub libvgpu: PathBuf,
+    /// Host file naming the library, mounted at `/etc/ld.so.preload`.
+    pub preload: PathBuf,
+    /// Root of the per-claim host directories (the shared-cache files).
+    pub claims_root: PathBuf,
+    /// HAMi-core's lock directory.
+    pub lock_dir: PathBuf,
+    /// Where device nodes are looked up.
+    pub dev_root: PathBuf,
+    /// Name the card's nodes even when absent on the host (mock inventories).
+    pub synthesize_nodes: bool,
+    /// HAMi-core knobs.
+    pub limits: LimitOptions,
+}
+
+/// Failures building a spec.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// Limits cannot be expressed.
+    #[error(transparent)]
+    Limits(#[from] LimitError),
+    /// A CDI name is invalid.
+    #[error(transparent)]
+    Name(#[from] NameError),
+}
+
+/// The CDI device name of one share: `<claimUID>-<device>[-<shareID>]`.
+pub fn cdi_device_name(claim: &ClaimRef, d: &ClaimDevice) -> String {
+    match &d.share_id {
+        Some(share) => format!("{}-{}-{share}", claim.uid, d.device),
+        None => format!("{}-{}", claim.uid, d.device),
+    }
+}
+
+/// The host directory of a claim.
+pub fn claim_dir(options: &CdiOptions, claim: &ClaimRef) -> PathBuf {
+    options.claims_root.join(claim.uid.as_str())
+}
+
+/// Builds the claim's spec. Limits are indexed in the claim's device order, which is the CUDA
+/// order inside the container; they sit at spec level so every container of the claim gets all
+/// of them, and each device adds its own card's node.
+///
+/// # Errors
+/// [`BuildError`] when the limits or names cannot be expressed.
+pub fn build_spec(
+    options: &CdiOptions,
+    claim: &ClaimRef,
+    devices: &[ClaimDevice],
+    published: &[PublishedDevice],
+) -> Result<Spec, BuildError> {
+    let mut shares = Vec::new();
+    let mut cdi_devices = Vec::new();
+    for d in devices {
+        let card = published.iter().find(|p| p.name == d.device);
+        let get = |name: &str| d.consumption.get(name).copied().unwrap_or(Quantity::ZERO);
+        shares.push(DeviceShare {
+            uuid: card.map(|c| c.uuid.clone()).unwrap_or_default(),
+            memory: get(CAPACITY_MEMORY),
+            cores: get(CAPACITY_CORES),
+        });
+        let minor = card.map_or(0, |c| c.minor);
+        let nodes = device_node(options, &format!("nvidia{minor}"), Some(i64::from(minor))).into_iter().collect();
+        cdi_devices.push(Device {
+            name: cdi_device_name(claim, d),
+            annotations: BTreeMap::new(),
+            container_edits: ContainerEdits { device_nodes: nodes, ..Default::default() },
+        });
+    }
+    let dir = claim_dir(options, claim);
+    let env = container_env(&shares, &dir.display().to_string(), &options.limits)?;
+    let mut spec = Spec::new(&options.kind, cdi_devices)?;
+    spec.annotations.insert(ANNOTATION_CLAIM.into(), format!("{}/{}", claim.namespace, claim.name));
+    let shared_nodes = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];
+    spec.container_edits = ContainerEdits {
+        env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        device_nodes: shared_nodes.iter().filter_map(|(n, m)| device_node(options, n, *m)).collect(),
+        mounts: vec![
+            bind(&options.libvgpu, &options.libvgpu, "ro"),
+            bind(&options.preload, Path::new("/etc/ld.so.preload"), "ro"),
+            bind(&dir, &dir, "rw"),
+            bind(&options.lock_dir, &options.lock_dir, "rw"),
+        ],
+        ..Default::default()
+    };
+    spec.set_minimum_version();
+    Ok(spec)
+}
+
+fn bind(host: &Path, container: &Path, mode: &str) -> Mount {
+    Mount {
+        host_path: host.display().to_string(),
+        container_path: container.display().to_string(),
+        options: vec![mode.into(), "nosuid".into(), "nodev".into(), "bind".into()],
+        kind: None,
+    }
+}
+
+/// A device node from the host (type and numbers read from it); a mock names the NVIDIA ones
+/// that have fixed numbers; otherwise an absent node is left out.
+fn device_node(options: &CdiOptions, name: &str, nvidia_minor: Option<i64>) -> Option<DeviceNode> {
+    let host = options.dev_root.join(name);
+    let path = format!("/dev/{name}");
+    let host_path = (host != Path::new(&path)).then(|| host.display().to_string());
+    if let Ok(meta) = std::fs::metadata(&host)
+        && meta.file_type().is_char_device()
+    {
+        let rdev = meta.rdev();
+        let major = ((rdev >> 8) & 0xfff) | ((rdev >> 32) & !0xfff);
+        let minor = (rdev & 0xff) | ((rdev >> 12) & !0xff);
+        return Some(DeviceNode {
+            path,
+            host_path,
+            kind: Some("c".into()),
+            major: i64::try_from(major).ok(),
+            minor: i64::try_from(minor).ok(),
+            permissions: Some("rw".into()),
+            ..Default::default()
+        });
+    }
+    let minor = nvidia_minor.filter(|_| options.synthesize_nodes)?;
+    Some(DeviceNode {
+        path,
+        kind: Some("c".into()),
+        major: Some(NVIDIA_MAJOR),
+        minor: Some(minor),
+        permissions: Some("rw".into()),
+        ..Default::default()
+    })
+}

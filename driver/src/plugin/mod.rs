@@ -1,0 +1,84 @@
+//! The kubelet plugin: registration with the kubelet, the DRA services, claim preparation with
+//! CDI specs and a checkpoint. One file per concern: `claim` (is this claim ours, which shares),
+//! `cdi` (the spec), `checkpoint` (persistence), `state` (the lock), `service` (gRPC).
+
+pub mod cdi;
+pub mod checkpoint;
+pub mod claim;
+pub mod service;
+pub mod state;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+use vgpu_dra_proto::registration::registration_server::RegistrationServer;
+use vgpu_dra_proto::{dra_v1, dra_v1beta1};
+
+use self::service::{DraService, Registrar};
+use self::state::State;
+
+/// The kubelet's directories and our sockets in them, computed once.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// `<kubelet-dir>/plugins_registry/<driver>-reg.sock`.
+    pub registration_socket: PathBuf,
+    /// `<kubelet-dir>/plugins/<driver>/`: service socket and checkpoint.
+    pub plugin_dir: PathBuf,
+    /// `<plugin_dir>/dra.sock`.
+    pub dra_socket: PathBuf,
+    /// `<plugin_dir>/checkpoint.json`.
+    pub checkpoint: PathBuf,
+}
+
+impl Paths {
+    /// The paths for `driver` under `kubelet_dir`.
+    pub fn new(kubelet_dir: &Path, driver: &str) -> Self {
+        let plugin_dir = kubelet_dir.join("plugins").join(driver);
+        Self {
+            registration_socket: kubelet_dir.join("plugins_registry").join(format!("{driver}-reg.sock")),
+            dra_socket: plugin_dir.join("dra.sock"),
+            checkpoint: plugin_dir.join("checkpoint.json"),
+            plugin_dir,
+        }
+    }
+}
+
+/// Serves the DRA services and then the registration socket until `cancel`; removes the
+/// registration socket on the way out so the kubelet sees the plugin leave.
+///
+/// # Errors
+/// When a socket cannot be bound.
+pub async fn serve(
+    paths: &Paths,
+    driver: &str,
+    state: Arc<State>,
+    registered: Arc<AtomicBool>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    for dir in [paths.plugin_dir.as_path(), paths.registration_socket.parent().unwrap_or(Path::new("."))] {
+        tokio::fs::create_dir_all(dir).await.with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let dra = crate::uds::bind(&paths.dra_socket).with_context(|| format!("binding {}", paths.dra_socket.display()))?;
+    std::fs::set_permissions(&paths.dra_socket, std::fs::Permissions::from_mode(0o750))?;
+    let service = DraService { state };
+    let dra_server = tonic::transport::Server::builder()
+        .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(service.clone()))
+        .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(service))
+        .serve_with_incoming_shutdown(dra, cancel.clone().cancelled_owned());
+    // Register only once the service answers, so the kubelet's first call finds it.
+    let reg = crate::uds::bind(&paths.registration_socket)
+        .with_context(|| format!("binding {}", paths.registration_socket.display()))?;
+    std::fs::set_permissions(&paths.registration_socket, std::fs::Permissions::from_mode(0o750))?;
+    let registrar = Registrar { driver: driver.to_owned(), endpoint: paths.dra_socket.display().to_string(), registered };
+    let reg_server = tonic::transport::Server::builder()
+        .add_service(RegistrationServer::new(registrar))
+        .serve_with_incoming_shutdown(reg, cancel.clone().cancelled_owned());
+    tracing::info!(registration = %paths.registration_socket.display(), service = %paths.dra_socket.display(), "kubelet plugin sockets bound");
+    let result = tokio::try_join!(dra_server, reg_server);
+    let _ = std::fs::remove_file(&paths.registration_socket);
+    result.map(|_| ()).context("serving the kubelet plugin")
+}

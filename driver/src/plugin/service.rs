@@ -1,0 +1,205 @@
+//! The kubelet-facing gRPC services: registration, DRA v1 and v1beta1. Translation only; the
+//! work is in [`super::state`]. Every claim of a batch gets its own answer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+use vgpu_dra_proto::registration::registration_server::Registration;
+use vgpu_dra_proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
+use vgpu_dra_proto::{dra_v1, dra_v1beta1, service_names};
+use vgpu_scheduling::Uid;
+
+use super::claim::ClaimRef;
+use super::state::{PreparedDevice, State};
+
+/// Answers the kubelet's plugin watcher.
+pub struct Registrar {
+    /// The driver name.
+    pub driver: String,
+    /// The DRA service socket.
+    pub endpoint: String,
+    /// Set once the kubelet accepted the registration.
+    pub registered: Arc<AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl Registration for Registrar {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: service_names::PLUGIN_TYPE_DRA.into(),
+            name: self.driver.clone(),
+            endpoint: self.endpoint.clone(),
+            supported_versions: vec![service_names::DRA_V1.into(), service_names::DRA_V1BETA1.into()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = req.into_inner();
+        self.registered.store(status.plugin_registered, Ordering::SeqCst);
+        if status.plugin_registered {
+            tracing::info!(driver = %self.driver, "registered with the kubelet");
+        } else {
+            tracing::error!(driver = %self.driver, error = %status.error, "the kubelet refused the registration");
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// The DRA service over [`State`].
+#[derive(Clone)]
+pub struct DraService {
+    /// Shared state.
+    pub state: Arc<State>,
+}
+
+type Answers = HashMap<String, Result<Vec<PreparedDevice>, String>>;
+
+impl DraService {
+    async fn prepare_all(&self, claims: Vec<(String, String, String)>) -> Answers {
+        let jobs = claims.into_iter().map(|(namespace, name, uid)| {
+            let state = self.state.clone();
+            async move {
+                let started = Instant::now();
+                let result = match Uid::new(uid.clone()) {
+                    Ok(u) => state
+                        .prepare(&ClaimRef { namespace: namespace.clone(), name: name.clone(), uid: u })
+                        .await
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let took_ms = started.elapsed().as_secs_f64() * 1000.0;
+                match &result {
+                    Ok(devs) => {
+                        let devices: Vec<&str> = devs.iter().map(|d| d.device.as_str()).collect();
+                        tracing::info!(claim = %format!("{namespace}/{name}"), %uid, ?devices, took_ms, "prepared");
+                    }
+                    Err(e) => tracing::warn!(claim = %format!("{namespace}/{name}"), %uid, error = %e, took_ms, "prepare failed"),
+                }
+                (uid, result)
+            }
+        });
+        futures::future::join_all(jobs).await.into_iter().collect()
+    }
+
+    async fn unprepare_all(&self, uids: Vec<String>) -> HashMap<String, String> {
+        let mut out = HashMap::new();
+        for uid in uids {
+            let error = match Uid::new(uid.clone()) {
+                Ok(u) => match self.state.unprepare(&u).await {
+                    Ok(()) => {
+                        tracing::info!(%uid, "unprepared");
+                        String::new()
+                    }
+                    Err(e) => e.to_string(),
+                },
+                // Nothing can have been prepared under an invalid UID.
+                Err(_) => String::new(),
+            };
+            out.insert(uid, error);
+        }
+        out
+    }
+}
+
+#[tonic::async_trait]
+impl dra_v1::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<dra_v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
+        let claims = req.into_inner().claims.into_iter().map(|c| (c.namespace, c.name, c.uid)).collect();
+        let claims = self
+            .prepare_all(claims)
+            .await
+            .into_iter()
+            .map(|(uid, r)| {
+                let resp = match r {
+                    Ok(devs) => dra_v1::NodePrepareResourceResponse {
+                        devices: devs
+                            .into_iter()
+                            .map(|d| dra_v1::Device {
+                                request_names: vec![d.request],
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_ids,
+                                share_id: d.share_id,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => dra_v1::NodePrepareResourceResponse { devices: vec![], error },
+                };
+                (uid, resp)
+            })
+            .collect();
+        Ok(Response::new(dra_v1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<dra_v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
+        let uids = req.into_inner().claims.into_iter().map(|c| c.uid).collect();
+        let claims = self
+            .unprepare_all(uids)
+            .await
+            .into_iter()
+            .map(|(uid, error)| (uid, dra_v1::NodeUnprepareResourceResponse { error }))
+            .collect();
+        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+#[tonic::async_trait]
+impl dra_v1beta1::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<dra_v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
+        let claims = req.into_inner().claims.into_iter().map(|c| (c.namespace, c.name, c.uid)).collect();
+        let claims = self
+            .prepare_all(claims)
+            .await
+            .into_iter()
+            .map(|(uid, r)| {
+                let resp = match r {
+                    Ok(devs) => dra_v1beta1::NodePrepareResourceResponse {
+                        devices: devs
+                            .into_iter()
+                            .map(|d| dra_v1beta1::Device {
+                                request_names: vec![d.request],
+                                pool_name: d.pool,
+                                device_name: d.device,
+                                cdi_device_ids: d.cdi_ids,
+                            })
+                            .collect(),
+                        error: String::new(),
+                    },
+                    Err(error) => dra_v1beta1::NodePrepareResourceResponse { devices: vec![], error },
+                };
+                (uid, resp)
+            })
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let uids = req.into_inner().claims.into_iter().map(|c| c.uid).collect();
+        let claims = self
+            .unprepare_all(uids)
+            .await
+            .into_iter()
+            .map(|(uid, error)| (uid, dra_v1beta1::NodeUnprepareResourceResponse { error }))
+            .collect();
+        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims }))
+    }
+}

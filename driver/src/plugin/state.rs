@@ -1,0 +1,315 @@
+//! Prepare and unprepare under one lock: the ledger, the checkpoint and the CDI spec files move
+//! together. Order of writes makes a crash at any point safe:
+//! prepare writes the checkpoint entry before the spec (a spec never exists without its entry),
+//! unprepare drops the entry before the spec (a left-over spec is an orphan, removed at start).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cdi_spec::{QualifiedDeviceId, SpecDir};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
+use tokio::sync::Mutex;
+use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
+
+use super::cdi::{ANNOTATION_CLAIM, CdiOptions, build_spec, claim_dir};
+use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
+use super::claim::{ClaimError, ClaimRef, devices_of};
+use crate::discovery::DeviceSource;
+
+/// One device of a prepare answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The claim's request.
+    pub request: String,
+    /// The pool (node name).
+    pub pool: String,
+    /// The device.
+    pub device: String,
+    /// CDI IDs for the runtime.
+    pub cdi_ids: Vec<String>,
+    /// Share ID.
+    pub share_id: Option<String>,
+}
+
+/// Why one claim failed; the text goes to the kubelet in that claim's `error`.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The claim breaks a rule.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// The claim does not exist (any more).
+    #[error("claim {0} not found")]
+    NotFound(String),
+    /// Reading the claim failed.
+    #[error("reading claim {claim}: {reason}")]
+    Api {
+        /// The claim.
+        claim: String,
+        /// The API error.
+        reason: String,
+    },
+    /// The node-side capacity check refused a share.
+    #[error(transparent)]
+    Admit(#[from] vgpu_scheduling::AdmitError),
+    /// Discovery failed.
+    #[error("discovering GPUs: {0}")]
+    Discovery(String),
+    /// Writing state failed.
+    #[error("{0}")]
+    Storage(String),
+}
+
+/// The plugin's state.
+pub struct State {
+    inner: Mutex<Inner>,
+    claims: Option<kube::Client>,
+    source: Arc<dyn DeviceSource>,
+    config: SharingConfig,
+    node: String,
+}
+
+struct Inner {
+    ledger: Ledger,
+    prepared: BTreeMap<Uid, PreparedClaim>,
+    checkpoint: Checkpoint,
+    specs: SpecDir,
+    cdi: CdiOptions,
+}
+
+impl State {
+    /// Loads the checkpoint (moving a corrupt one aside and rebuilding from the spec files and
+    /// the API), restores missing specs, removes orphaned ones and rebuilds the ledger.
+    ///
+    /// # Errors
+    /// When discovery fails or the spec directory cannot be read.
+    pub async fn recover(
+        client: Option<kube::Client>,
+        source: Arc<dyn DeviceSource>,
+        config: SharingConfig,
+        node: String,
+        checkpoint: Checkpoint,
+        cdi: CdiOptions,
+        spec_dir: SpecDir,
+    ) -> anyhow::Result<Self> {
+        let prepared = match checkpoint.load() {
+            Ok(p) => p,
+            Err(e @ CheckpointError::Corrupt { .. }) => {
+                let aside = checkpoint.quarantine()?;
+                tracing::error!(error = %e, moved_to = %aside.display(), "checkpoint corrupt; rebuilding from CDI specs and the API");
+                BTreeMap::new()
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let state = Self {
+            inner: Mutex::new(Inner { ledger: Ledger::default(), prepared, checkpoint, specs: spec_dir, cdi }),
+            claims: client,
+            source,
+            config,
+            node,
+        };
+        state.startup_sync().await?;
+        Ok(state)
+    }
+
+    fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
+        let inventory = self.source.inventory().map_err(|e| PrepareError::Discovery(e.to_string()))?;
+        Ok(publish(&inventory, &self.config))
+    }
+
+    async fn startup_sync(&self) -> anyhow::Result<()> {
+        let published = self.published()?;
+        let owned = {
+            let inner = self.inner.lock().await;
+            inner.specs.remove_stale_temps()?;
+            inner.specs.list_owned()?
+        };
+        // Specs without an entry: adopt them when the checkpoint was lost and the claim still
+        // stands, else they are orphans of an interrupted unprepare.
+        let checkpoint_empty = self.inner.lock().await.prepared.is_empty();
+        for spec in &owned {
+            let Ok(uid) = Uid::new(spec.id.clone()) else { continue };
+            if self.inner.lock().await.prepared.contains_key(&uid) {
+                continue;
+            }
+            let adopted = if checkpoint_empty { self.adopt(&uid, &published).await } else { None };
+            let mut inner = self.inner.lock().await;
+            match adopted {
+                Some(entry) => {
+                    tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec");
+                    inner.prepared.insert(uid, entry);
+                }
+                None => {
+                    tracing::info!(claim = %uid, "removing CDI spec of a claim that is not prepared");
+                    inner.specs.remove(uid.as_str())?;
+                    let dir = inner.cdi.claims_root.join(uid.as_str());
+                    let _ = tokio::fs::remove_dir_all(dir).await;
+                }
+            }
+        }
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
+        ledger.set_capacity(capacities(&published));
+        for (uid, entry) in prepared.iter() {
+            for d in &entry.devices {
+                if let Err(e) = ledger.admit(d.key(uid), d.consumption.clone()) {
+                    tracing::error!(claim = %entry.claim, error = %e, "prepared claim no longer fits its device");
+                }
+            }
+            if specs.read(uid.as_str())?.is_none() {
+                tracing::info!(claim = %entry.claim, "rewriting missing CDI spec");
+                ensure_dir(&claim_dir(cdi, &entry.claim)).await?;
+                specs.write(uid.as_str(), &entry.spec)?;
+            }
+        }
+        checkpoint.save(prepared)?;
+        Ok(())
+    }
+
+    /// Rebuilds a checkpoint entry from a spec's claim annotation and the claim in the API.
+    async fn adopt(&self, uid: &Uid, published: &[PublishedDevice]) -> Option<PreparedClaim> {
+        let inner = self.inner.lock().await;
+        let spec = inner.specs.read(uid.as_str()).ok()??;
+        drop(inner);
+        let (namespace, name) = spec.annotations.get(ANNOTATION_CLAIM)?.split_once('/')?;
+        let claim = ClaimRef { namespace: namespace.into(), name: name.into(), uid: uid.clone() };
+        let object = self.get_claim(&claim).await.ok()?;
+        let devices = devices_of(&object, &claim, &self.config.driver_name, &self.node, published).ok()?;
+        Some(PreparedClaim { claim, devices, spec })
+    }
+
+    async fn get_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, PrepareError> {
+        let client =
+            self.claims.clone().ok_or_else(|| PrepareError::Api { claim: claim.to_string(), reason: "no API client".into() })?;
+        let api: Api<ResourceClaim> = Api::namespaced(client, &claim.namespace);
+        match api.get_opt(&claim.name).await {
+            Ok(Some(c)) => Ok(c),
+            Ok(None) => Err(PrepareError::NotFound(format!("{}/{}", claim.namespace, claim.name))),
+            Err(e) => Err(PrepareError::Api { claim: claim.to_string(), reason: e.to_string() }),
+        }
+    }
+
+    /// Prepares one claim; repeating it returns the same answer and restores a lost spec.
+    ///
+    /// # Errors
+    /// [`PrepareError`] for this claim only.
+    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        if let Some(answer) = self.prepared_answer(claim).await? {
+            return Ok(answer);
+        }
+        let object = self.get_claim(claim).await?;
+        let published = self.published()?;
+        let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
+        if prepared.contains_key(&claim.uid) {
+            drop(inner);
+            return self
+                .prepared_answer(claim)
+                .await?
+                .ok_or_else(|| PrepareError::Storage("claim vanished while preparing".into()));
+        }
+        let spec = build_spec(cdi, claim, &devices, &published).map_err(|e| PrepareError::Storage(e.to_string()))?;
+        ledger.set_capacity(capacities(&published));
+        let mut admitted = Vec::new();
+        for d in &devices {
+            if let Err(e) = ledger.admit(d.key(&claim.uid), d.consumption.clone()) {
+                admitted.iter().for_each(|k| {
+                    ledger.release(k);
+                });
+                return Err(e.into());
+            }
+            admitted.push(d.key(&claim.uid));
+        }
+        let entry = PreparedClaim { claim: claim.clone(), devices, spec };
+        prepared.insert(claim.uid.clone(), entry.clone());
+        let written = async {
+            checkpoint.save(prepared).map_err(|e| format!("{e:#}"))?;
+            ensure_dir(&claim_dir(cdi, claim)).await.map_err(|e| format!("{e:#}"))?;
+            specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+        }
+        .await;
+        if let Err(e) = written {
+            prepared.remove(&claim.uid);
+            admitted.iter().for_each(|k| {
+                ledger.release(k);
+            });
+            let _ = checkpoint.save(prepared);
+            return Err(PrepareError::Storage(e));
+        }
+        Ok(answer(&cdi.kind, &self.node, &entry))
+    }
+
+    /// The stored answer of an already prepared claim, with its spec restored when missing.
+    async fn prepared_answer(&self, claim: &ClaimRef) -> Result<Option<Vec<PreparedDevice>>, PrepareError> {
+        let inner = self.inner.lock().await;
+        let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
+        let storage = |e: &dyn std::fmt::Display| PrepareError::Storage(e.to_string());
+        if inner.specs.read(claim.uid.as_str()).map_err(|e| storage(&e))?.is_none() {
+            tracing::info!(claim = %claim, "CDI spec vanished (tmpfs after reboot?); rewriting it");
+            ensure_dir(&claim_dir(&inner.cdi, claim)).await.map_err(|e| storage(&e))?;
+            inner.specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| storage(&e))?;
+        }
+        Ok(Some(answer(&inner.cdi.kind, &self.node, entry)))
+    }
+
+    /// Unprepares one claim; unknown claims succeed.
+    ///
+    /// # Errors
+    /// When the checkpoint or spec cannot be written (the kubelet retries).
+    pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
+        if let Some(entry) = prepared.remove(uid) {
+            if let Err(e) = checkpoint.save(prepared) {
+                prepared.insert(uid.clone(), entry);
+                return Err(PrepareError::Storage(e.to_string()));
+            }
+            ledger.release_claim(uid);
+        }
+        specs.remove(uid.as_str()).map_err(|e| PrepareError::Storage(e.to_string()))?;
+        match tokio::fs::remove_dir_all(cdi.claims_root.join(uid.as_str())).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PrepareError::Storage(e.to_string())),
+            _ => Ok(()),
+        }
+    }
+
+    /// The ledger's view, for metrics and tests: device -> capacity -> used.
+    pub async fn usage(&self) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
+        let inner = self.inner.lock().await;
+        let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.shares().map(|(k, _)| k.device.clone()).collect();
+        devices.into_iter().map(|d| (d.clone(), inner.ledger.used(&d))).collect()
+    }
+
+    /// How many claims are prepared.
+    pub async fn prepared_count(&self) -> usize {
+        self.inner.lock().await.prepared.len()
+    }
+}
+
+fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
+    published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
+}
+
+fn answer(kind: &cdi_spec::Kind, node: &str, entry: &PreparedClaim) -> Vec<PreparedDevice> {
+    entry
+        .devices
+        .iter()
+        .zip(&entry.spec.devices)
+        .map(|(d, spec_dev)| {
+            let id = cdi_spec::DeviceName::new(spec_dev.name.clone())
+                .map(|name| QualifiedDeviceId { kind: kind.clone(), name }.to_string());
+            PreparedDevice {
+                request: d.request.clone(),
+                pool: node.to_owned(),
+                device: d.device.to_string(),
+                cdi_ids: id.into_iter().collect(),
+                share_id: d.share_id.as_ref().map(ToString::to_string),
+            }
+        })
+        .collect()
+}
+
+async fn ensure_dir(path: &std::path::Path) -> std::io::Result<()> {
+    tokio::fs::create_dir_all(path).await
+}

@@ -1,0 +1,220 @@
+//! The kubelet plugin end to end: the kubelet's own plugin manager registers it, claims
+//! allocated by the real scheduler are prepared into CDI specs that the reference CDI library
+//! injects with HAMi-core's limits, and the plugin survives lost specs, a corrupt checkpoint and
+//! restarts.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, ManagedProcess, components, eventually, start_driver};
+
+const DRIVER: &str = "hami-core-gpu.project-hami.io";
+const NODE: &str = "gpu-node";
+
+struct Dirs {
+    kubelet: PathBuf,
+    cdi: PathBuf,
+    vgpu: PathBuf,
+    lock: PathBuf,
+}
+
+impl Dirs {
+    fn new(root: &Path) -> Self {
+        Self { kubelet: root.join("kubelet"), cdi: root.join("cdi"), vgpu: root.join("vgpu"), lock: root.join("vgpulock") }
+    }
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--mock-gpus=1xTesla T4:15Gi".into(),
+            format!("--kubelet-dir={}", self.kubelet.display()),
+            format!("--cdi-dir={}", self.cdi.display()),
+            format!("--hami-core-dir={}", self.vgpu.display()),
+            format!("--lock-dir={}", self.lock.display()),
+        ]
+    }
+
+    fn checkpoint(&self) -> PathBuf {
+        self.kubelet.join("plugins").join(DRIVER).join("checkpoint.json")
+    }
+}
+
+fn driver(plane: &ControlPlane, dirs: &Dirs, name: &str) -> ManagedProcess {
+    let args = dirs.args();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    start_driver(plane, name, NODE, &refs).unwrap()
+}
+
+fn claim_and_pod(name: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: {DRIVER}
+        capacity:
+          requests: {{memory: 4Gi, cores: "50"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
+  containers:
+  - name: main
+    image: registry.invalid/none
+    resources: {{claims: [{{name: gpu}}]}}
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: {DRIVER}}}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
+"#
+    )
+}
+
+fn cdi_check(dir: &Path, ids: &[&str]) -> Value {
+    let out = Command::new(&components().unwrap().cdi_check)
+        .arg(format!("--spec-dir={}", dir.display()))
+        .arg(format!("--inject={}", ids.join(",")))
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("cdi-check: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "cdi-check rejected the specs: {report:#}");
+    report
+}
+
+fn claim_response<'a>(reply: &'a Value, uid: &str) -> &'a Value {
+    &reply["response"]["claims"][uid]
+}
+
+#[test]
+fn kubelet_plugin_prepares_claims_into_hami_core_cdi_specs() {
+    let mut plane = ControlPlane::start().expect("control plane");
+    if let Err(e) = scenario(&mut plane) {
+        panic!("{e:#}");
+    }
+}
+
+fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
+    plane.create_node(NODE)?;
+    let kubectl = plane.kubectl().clone();
+    let dirs = Dirs::new(plane.dir());
+    let mut drv = driver(plane, &dirs, "driver");
+    let registry = dirs.kubelet.join("plugins_registry");
+    std::fs::create_dir_all(&registry)?;
+    // With a kubeconfig kubelet-sim wipes the node's slices at start, as a starting kubelet does.
+    let opts =
+        KubeletSimOptions { kubeconfig: Some(plane.kubeconfig().to_path_buf()), node_name: NODE.into(), ..Default::default() };
+    let mut kubelet = KubeletSim::start(&registry, DRIVER, &opts)?;
+    let reg = kubelet.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER)?;
+    anyhow::ensure!(reg.get("error").is_none(), "registration failed: {reg}");
+    drv.check_running()?;
+
+    for name in ["c1", "c2"] {
+        kubectl.apply(&claim_and_pod(name))?;
+    }
+    let mut uids = Vec::new();
+    for name in ["c1", "c2"] {
+        plane.wait_allocated("default", name, Duration::from_secs(30))?;
+        uids.push(kubectl.run(&["get", "resourceclaim", name, "-o", "jsonpath={.metadata.uid}"])?);
+    }
+    let reply = kubelet.prepare(&[("default", "c1", &uids[0]), ("default", "c2", &uids[1])])?;
+    let mut ids = Vec::new();
+    for uid in &uids {
+        let r = claim_response(&reply, uid);
+        anyhow::ensure!(r.get("error").is_none_or(|e| e.as_str() == Some("")), "prepare failed: {reply}");
+        let dev = &r["devices"][0];
+        assert_eq!(dev["device_name"], "hami-gpu-0");
+        assert_eq!(dev["pool_name"], NODE);
+        assert!(dev["share_id"].as_str().is_some_and(|s| !s.is_empty()), "{reply}");
+        ids.push(dev["cdi_device_ids"][0].as_str().unwrap().to_owned());
+    }
+    assert!(ids[0].starts_with(&format!("k8s.{DRIVER}/claim={}-hami-gpu-0-", uids[0])), "{}", ids[0]);
+
+    // What the runtime would inject, through the reference CDI library.
+    let report = cdi_check(&dirs.cdi, &[&ids[0]]);
+    let env: Vec<&str> = report["env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for want in ["CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT=50", "CUDA_DEVICE_SM_LIMIT_0=50"] {
+        assert!(env.contains(&want), "{want} missing from {env:?}");
+    }
+    let cache = format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}/claims/{}/GPU-", dirs.vgpu.display(), uids[0]);
+    assert!(env.iter().any(|e| e.starts_with(&cache)), "{env:?}");
+    let mounts = report["mounts"].as_array().unwrap();
+    assert!(mounts.iter().any(|m| m["destination"] == "/etc/ld.so.preload"), "{mounts:?}");
+    assert!(mounts.iter().any(|m| m["destination"] == format!("{}/libvgpu.so", dirs.vgpu.display())), "{mounts:?}");
+    let nodes = report["deviceNodes"].as_array().unwrap();
+    assert!(nodes.iter().any(|n| n["path"] == "/dev/nvidia0"), "{nodes:?}");
+    assert_eq!(std::fs::read_to_string(dirs.vgpu.join("ld.so.preload"))?.trim(), format!("{}/libvgpu.so", dirs.vgpu.display()));
+
+    // A repeated prepare gives the same answer; a wiped CDI dir is restored by it.
+    for f in std::fs::read_dir(&dirs.cdi)? {
+        std::fs::remove_file(f?.path())?;
+    }
+    let again = kubelet.prepare(&[("default", "c1", &uids[0])])?;
+    assert_eq!(claim_response(&again, &uids[0])["devices"], claim_response(&reply, &uids[0])["devices"]);
+    cdi_check(&dirs.cdi, &[&ids[0]]);
+
+    // A wrong UID is that claim's error, not the batch's.
+    let mixed = kubelet.prepare(&[("default", "c2", "00000000-0000-0000-0000-000000000000"), ("default", "c2", &uids[1])])?;
+    let err = claim_response(&mixed, "00000000-0000-0000-0000-000000000000")["error"].as_str().unwrap_or_default().to_owned();
+    assert!(err.contains("has UID") && err.contains("the kubelet asked for"), "{mixed}");
+    assert!(claim_response(&mixed, &uids[1])["devices"][0]["device_name"] == "hami-gpu-0", "{mixed}");
+
+    // The slices wiped by kubelet-sim at its start came back.
+    eventually("slices republished", Duration::from_secs(10), || {
+        let list = kubectl.get_json(&["resourceslices"])?;
+        Ok(list["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
+    })?;
+
+    // A truncated checkpoint does not stop the plugin; it rebuilds from specs and the API.
+    drop(kubelet);
+    drv.stop();
+    let text = std::fs::read_to_string(dirs.checkpoint())?;
+    std::fs::write(dirs.checkpoint(), &text[..text.len() / 3])?;
+    let mut drv = driver(plane, &dirs, "driver-after-corruption");
+    let mut kubelet = KubeletSim::start(&registry, DRIVER, &KubeletSimOptions { node_name: NODE.into(), ..Default::default() })?;
+    kubelet.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER)?;
+    drv.check_running()?;
+    let log = std::fs::read_to_string(drv.log())?;
+    assert!(log.contains("checkpoint corrupt"), "{log}");
+    let after = kubelet.prepare(&[("default", "c1", &uids[0])])?;
+    assert_eq!(claim_response(&after, &uids[0])["devices"], claim_response(&reply, &uids[0])["devices"]);
+
+    // Unprepare removes the spec; unknown claims succeed.
+    let un = kubelet.unprepare(&[("default", "c1", &uids[0]), ("default", "gone", "11111111-2222-3333-4444-555555555555")])?;
+    for uid in [uids[0].as_str(), "11111111-2222-3333-4444-555555555555"] {
+        assert!(claim_response(&un, uid).get("error").is_none_or(|e| e.as_str() == Some("")), "{un}");
+    }
+    let left: Vec<_> =
+        std::fs::read_dir(&dirs.cdi)?.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    assert!(left.iter().all(|f| !f.contains(&uids[0])), "{left:?}");
+    assert!(!dirs.vgpu.join("claims").join(&uids[0]).exists());
+
+    // An old kubelet speaking v1beta1 gets the same devices without share IDs.
+    drop(kubelet);
+    let mut old = KubeletSim::start(
+        &registry,
+        DRIVER,
+        &KubeletSimOptions { node_name: NODE.into(), services: Some("v1beta1.DRAPlugin".into()), ..Default::default() },
+    )?;
+    old.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER)?;
+    let beta = old.prepare(&[("default", "c2", &uids[1])])?;
+    let dev = &claim_response(&beta, &uids[1])["devices"][0];
+    assert_eq!(dev["device_name"], "hami-gpu-0", "{beta}");
+    assert!(dev.get("share_id").is_none(), "{beta}");
+    drv.check_running()?;
+    Ok(())
+}
