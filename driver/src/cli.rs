@@ -30,6 +30,28 @@ pub enum Command {
     Inventory(InventoryArgs),
     /// Run on the node: publish the node's ResourceSlices and keep them true.
     KubeletPlugin(KubeletPluginArgs),
+    /// Print the CDI spec an allocated ResourceClaim (YAML or JSON file) would get on this node.
+    PreparePreview(PreparePreviewArgs),
+}
+
+/// Arguments of `vgpu-dra prepare-preview`.
+#[derive(Debug, clap::Args)]
+pub struct PreparePreviewArgs {
+    /// The allocated ResourceClaim, as `kubectl get resourceclaim -o yaml` prints it.
+    #[arg(long)]
+    pub claim: PathBuf,
+    /// The node the claim is prepared on.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// Device source.
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Sharing configuration.
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// HAMi-core's host directory.
+    #[arg(long, default_value = "/usr/local/vgpu")]
+    pub hami_core_dir: PathBuf,
 }
 
 /// Output formats.
@@ -229,5 +251,42 @@ pub fn inventory(args: &InventoryArgs, out: &mut dyn Write) -> anyhow::Result<()
         }
         OutputFormat::Yaml => out.write_all(serde_saphyr::to_string(&list)?.as_bytes())?,
     }
+    Ok(())
+}
+
+/// `vgpu-dra prepare-preview`: the spec as JSON, or the claim's error as a usage error (exit 2).
+///
+/// # Errors
+/// [`UsageError`] for a claim this node would refuse; other errors for unreadable input.
+pub fn prepare_preview(args: &PreparePreviewArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use crate::plugin::cdi::{CdiOptions, build_spec};
+    use crate::plugin::claim::{ClaimRef, devices_of};
+    let config = args.config.resolve(&args.node_name)?;
+    let text = std::fs::read_to_string(&args.claim).map_err(|e| UsageError(format!("--claim {}: {e}", args.claim.display())))?;
+    let claim: k8s_openapi::api::resource::v1::ResourceClaim = serde_saphyr::from_str(&text)
+        .map_err(|e| UsageError(format!("--claim {}: not a ResourceClaim: {e}", args.claim.display())))?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let uid = vgpu_scheduling::Uid::new(uid).map_err(|e| UsageError(format!("--claim: metadata.uid: {e}")))?;
+    let want = ClaimRef {
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        name: claim.metadata.name.clone().unwrap_or_default(),
+        uid,
+    };
+    let published = publish(&args.source.source(&args.node_name)?.inventory()?, &config);
+    let devices =
+        devices_of(&claim, &want, &config.driver_name, &args.node_name, &published).map_err(|e| UsageError(e.to_string()))?;
+    let options = CdiOptions {
+        kind: cdi_spec::Kind::new(&format!("k8s.{}", config.driver_name), "claim")?,
+        libvgpu: args.hami_core_dir.join("libvgpu.so"),
+        preload: args.hami_core_dir.join("ld.so.preload"),
+        claims_root: args.hami_core_dir.join("claims"),
+        lock_dir: "/tmp/vgpulock".into(),
+        dev_root: "/dev".into(),
+        synthesize_nodes: true,
+        limits: vgpu_scheduling::LimitOptions { oversubscribed: !config.memory_scaling.is_one(), ..Default::default() },
+    };
+    let spec = build_spec(&options, &want, &devices, &published).map_err(|e| UsageError(e.to_string()))?;
+    serde_json::to_writer_pretty(&mut *out, &spec)?;
+    writeln!(out)?;
     Ok(())
 }

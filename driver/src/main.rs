@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vgpu_dra::cli::{Cli, Command, UsageError, inventory};
+use vgpu_dra::cli::{Cli, Command, UsageError, inventory, prepare_preview};
 use vgpu_dra::daemon;
 
 fn main() -> ExitCode {
@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Inventory(args) => inventory(args, &mut std::io::stdout().lock()),
         Command::KubeletPlugin(args) => daemon::run(args),
+        Command::PreparePreview(args) => prepare_preview(args, &mut std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

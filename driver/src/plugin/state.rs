@@ -49,15 +49,21 @@ pub enum PrepareError {
         /// The API error.
         reason: String,
     },
-    /// The node-side capacity check refused a share.
+    /// The node-side capacity check refused a share (boxed: it carries every number).
     #[error(transparent)]
-    Admit(#[from] vgpu_scheduling::AdmitError),
+    Admit(Box<vgpu_scheduling::AdmitError>),
     /// Discovery failed.
     #[error("discovering GPUs: {0}")]
     Discovery(String),
     /// Writing state failed.
     #[error("{0}")]
     Storage(String),
+}
+
+impl From<vgpu_scheduling::AdmitError> for PrepareError {
+    fn from(e: vgpu_scheduling::AdmitError) -> Self {
+        Self::Admit(Box::new(e))
+    }
 }
 
 /// The plugin's state.
