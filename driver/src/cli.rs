@@ -190,6 +190,9 @@ pub struct KubeletPluginArgs {
     /// `GPU_CORE_UTILIZATION_POLICY` for HAMi-core.
     #[arg(long, env = "VGPU_DRA_CORE_UTILIZATION_POLICY", value_parser = ["default", "force", "disable"])]
     pub core_utilization_policy: Option<String>,
+    /// Abort at this point of prepare/unprepare (crash-recovery tests only).
+    #[arg(long, hide = true, value_enum)]
+    pub fail_point: Option<crate::plugin::state::FailPoint>,
     /// How often the inventory is re-read, in milliseconds.
     #[arg(long, env = "VGPU_DRA_INVENTORY_POLL_MS", default_value_t = 5000)]
     pub inventory_poll_ms: u64,

@@ -58,7 +58,8 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
         let state = State::recover(Some(client.clone()), source.clone(), config.clone(), args.node_name.clone(), Checkpoint::new(&paths.checkpoint), cdi, specs)
             .await
-            .context("recovering prepared claims")?;
+            .context("recovering prepared claims")?
+            .with_fail_point(args.fail_point);
         let state = Arc::new(state);
         let registered = Arc::new(AtomicBool::new(false));
         let options = PublisherOptions { inventory_poll: Duration::from_millis(args.inventory_poll_ms.max(100)), ..Default::default() };

@@ -5,100 +5,14 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, ManagedProcess, components, eventually, start_driver};
+use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, eventually};
 
-const DRIVER: &str = "hami-core-gpu.project-hami.io";
-const NODE: &str = "gpu-node";
+mod common;
 
-struct Dirs {
-    kubelet: PathBuf,
-    cdi: PathBuf,
-    vgpu: PathBuf,
-    lock: PathBuf,
-}
-
-impl Dirs {
-    fn new(root: &Path) -> Self {
-        Self { kubelet: root.join("kubelet"), cdi: root.join("cdi"), vgpu: root.join("vgpu"), lock: root.join("vgpulock") }
-    }
-
-    fn args(&self) -> Vec<String> {
-        vec![
-            "--mock-gpus=1xTesla T4:15Gi".into(),
-            format!("--kubelet-dir={}", self.kubelet.display()),
-            format!("--cdi-dir={}", self.cdi.display()),
-            format!("--hami-core-dir={}", self.vgpu.display()),
-            format!("--lock-dir={}", self.lock.display()),
-        ]
-    }
-
-    fn checkpoint(&self) -> PathBuf {
-        self.kubelet.join("plugins").join(DRIVER).join("checkpoint.json")
-    }
-}
-
-fn driver(plane: &ControlPlane, dirs: &Dirs, name: &str) -> ManagedProcess {
-    let args = dirs.args();
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    start_driver(plane, name, NODE, &refs).unwrap()
-}
-
-fn claim_and_pod(name: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: {DRIVER}
-        capacity:
-          requests: {{memory: 4Gi, cores: "50"}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
-  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
-  containers:
-  - name: main
-    image: registry.invalid/none
-    resources: {{claims: [{{name: gpu}}]}}
----
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {{name: {DRIVER}}}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
-"#
-    )
-}
-
-fn cdi_check(dir: &Path, ids: &[&str]) -> Value {
-    let out = Command::new(&components().unwrap().cdi_check)
-        .arg(format!("--spec-dir={}", dir.display()))
-        .arg(format!("--inject={}", ids.join(",")))
-        .output()
-        .unwrap();
-    let report: Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("cdi-check: {}", String::from_utf8_lossy(&out.stderr)));
-    assert!(out.status.success(), "cdi-check rejected the specs: {report:#}");
-    report
-}
-
-fn claim_response<'a>(reply: &'a Value, uid: &str) -> &'a Value {
-    &reply["response"]["claims"][uid]
-}
+use common::{DRIVER, Dirs, NODE, cdi_check, claim_and_pod, claim_response, driver};
 
 #[test]
 fn kubelet_plugin_prepares_claims_into_hami_core_cdi_specs() {

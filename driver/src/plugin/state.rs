@@ -66,6 +66,31 @@ impl From<vgpu_scheduling::AdmitError> for PrepareError {
     }
 }
 
+/// Places in prepare and unprepare where a test can make the process die at once, as `kill -9`
+/// would, to prove that every interruption recovers (`--fail-point`, hidden; tests only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailPoint {
+    /// Prepare: shares admitted, nothing persisted.
+    PrepareAdmitted,
+    /// Prepare: checkpoint written, spec not yet.
+    PrepareCheckpointed,
+    /// Prepare: spec written, answer not sent.
+    PrepareSpecWritten,
+    /// Unprepare: checkpoint entry dropped, spec still there.
+    UnprepareCheckpointed,
+    /// Unprepare: spec removed, claim directory still there.
+    UnprepareSpecRemoved,
+}
+
+fn fail_point(configured: Option<FailPoint>, here: FailPoint) {
+    if configured == Some(here) {
+        tracing::error!(?here, "fail point reached; killing this process with SIGKILL");
+        // The real thing, not an emulation: no destructor, flush or unwinding runs.
+        let _ = std::process::Command::new("kill").arg("-KILL").arg(std::process::id().to_string()).status();
+        std::process::abort();
+    }
+}
+
 /// The plugin's state.
 pub struct State {
     inner: Mutex<Inner>,
@@ -73,6 +98,7 @@ pub struct State {
     source: Arc<dyn DeviceSource>,
     config: SharingConfig,
     node: String,
+    fail_at: Option<FailPoint>,
 }
 
 struct Inner {
@@ -98,11 +124,13 @@ impl State {
         cdi: CdiOptions,
         spec_dir: SpecDir,
     ) -> anyhow::Result<Self> {
+        let mut rebuilt = false;
         let prepared = match checkpoint.load() {
             Ok(p) => p,
             Err(e @ CheckpointError::Corrupt { .. }) => {
                 let aside = checkpoint.quarantine()?;
                 tracing::error!(error = %e, moved_to = %aside.display(), "checkpoint corrupt; rebuilding from CDI specs and the API");
+                rebuilt = true;
                 BTreeMap::new()
             }
             Err(e) => return Err(e.into()),
@@ -113,9 +141,17 @@ impl State {
             source,
             config,
             node,
+            fail_at: None,
         };
-        state.startup_sync().await?;
+        state.startup_sync(rebuilt).await?;
         Ok(state)
+    }
+
+    /// Makes the process abort at `point` (tests of crash recovery).
+    #[must_use]
+    pub fn with_fail_point(mut self, point: Option<FailPoint>) -> Self {
+        self.fail_at = point;
+        self
     }
 
     fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
@@ -123,7 +159,7 @@ impl State {
         Ok(publish(&inventory, &self.config))
     }
 
-    async fn startup_sync(&self) -> anyhow::Result<()> {
+    async fn startup_sync(&self, rebuild: bool) -> anyhow::Result<()> {
         let published = self.published()?;
         let owned = {
             let inner = self.inner.lock().await;
@@ -132,13 +168,12 @@ impl State {
         };
         // Specs without an entry: adopt them when the checkpoint was lost and the claim still
         // stands, else they are orphans of an interrupted unprepare.
-        let checkpoint_empty = self.inner.lock().await.prepared.is_empty();
         for spec in &owned {
             let Ok(uid) = Uid::new(spec.id.clone()) else { continue };
             if self.inner.lock().await.prepared.contains_key(&uid) {
                 continue;
             }
-            let adopted = if checkpoint_empty { self.adopt(&uid, &published).await } else { None };
+            let adopted = if rebuild { self.adopt(&uid, &published).await } else { None };
             let mut inner = self.inner.lock().await;
             match adopted {
                 Some(entry) => {
@@ -227,12 +262,16 @@ impl State {
             }
             admitted.push(d.key(&claim.uid));
         }
+        fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         let entry = PreparedClaim { claim: claim.clone(), devices, spec };
         prepared.insert(claim.uid.clone(), entry.clone());
         let written = async {
             checkpoint.save(prepared).map_err(|e| format!("{e:#}"))?;
+            fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             ensure_dir(&claim_dir(cdi, claim)).await.map_err(|e| format!("{e:#}"))?;
-            specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| format!("{:#}", anyhow::Error::from(e)))
+            specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+            fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
+            Ok::<_, String>(())
         }
         .await;
         if let Err(e) = written {
@@ -272,8 +311,11 @@ impl State {
                 return Err(PrepareError::Storage(e.to_string()));
             }
             ledger.release_claim(uid);
+            fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
         }
-        specs.remove(uid.as_str()).map_err(|e| PrepareError::Storage(e.to_string()))?;
+        if specs.remove(uid.as_str()).map_err(|e| PrepareError::Storage(e.to_string()))? {
+            fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
+        }
         match tokio::fs::remove_dir_all(cdi.claims_root.join(uid.as_str())).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PrepareError::Storage(e.to_string())),
             _ => Ok(()),

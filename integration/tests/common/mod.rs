@@ -1,0 +1,106 @@
+//! Fixtures shared by the kubelet plugin tests: directories, the driver process, claims.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, components, start_driver};
+
+pub const DRIVER: &str = "hami-core-gpu.project-hami.io";
+pub const NODE: &str = "gpu-node";
+
+pub struct Dirs {
+    pub kubelet: PathBuf,
+    pub cdi: PathBuf,
+    pub vgpu: PathBuf,
+    pub lock: PathBuf,
+}
+
+impl Dirs {
+    pub fn new(root: &Path) -> Self {
+        Self { kubelet: root.join("kubelet"), cdi: root.join("cdi"), vgpu: root.join("vgpu"), lock: root.join("vgpulock") }
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        vec![
+            "--mock-gpus=1xTesla T4:15Gi".into(),
+            format!("--kubelet-dir={}", self.kubelet.display()),
+            format!("--cdi-dir={}", self.cdi.display()),
+            format!("--hami-core-dir={}", self.vgpu.display()),
+            format!("--lock-dir={}", self.lock.display()),
+        ]
+    }
+
+    pub fn checkpoint(&self) -> PathBuf {
+        self.kubelet.join("plugins").join(DRIVER).join("checkpoint.json")
+    }
+}
+
+pub fn driver(plane: &ControlPlane, dirs: &Dirs, name: &str) -> ManagedProcess {
+    driver_with(plane, dirs, name, &[])
+}
+
+pub fn driver_with(plane: &ControlPlane, dirs: &Dirs, name: &str, extra: &[&str]) -> ManagedProcess {
+    let mut args = dirs.args();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    start_driver(plane, name, NODE, &refs).unwrap()
+}
+
+pub fn claim_and_pod(name: &str) -> String {
+    claim_with(name, "4Gi", "50")
+}
+
+pub fn claim_with(name: &str, memory: &str, cores: &str) -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: {DRIVER}
+        capacity:
+          requests: {{memory: "{memory}", cores: "{cores}"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
+  containers:
+  - name: main
+    image: registry.invalid/none
+    resources: {{claims: [{{name: gpu}}]}}
+---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: {DRIVER}}}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
+"#
+    )
+}
+
+pub fn cdi_check(dir: &Path, ids: &[&str]) -> Value {
+    let out = Command::new(&components().unwrap().cdi_check)
+        .arg(format!("--spec-dir={}", dir.display()))
+        .arg(format!("--inject={}", ids.join(",")))
+        .output()
+        .unwrap();
+    let report: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("cdi-check: {}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success(), "cdi-check rejected the specs: {report:#}");
+    report
+}
+
+pub fn claim_response<'a>(reply: &'a Value, uid: &str) -> &'a Value {
+    &reply["response"]["claims"][uid]
+}

@@ -1,0 +1,160 @@
+//! The kubelet plugin under stress: SIGKILL between any two steps of prepare or unprepare, and
+//! 100 concurrent prepares of shares that together over-commit a card.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{DRIVER, Dirs, NODE, claim_response, claim_with, driver, driver_with};
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, ManagedProcess};
+
+fn kubelet(dirs: &Dirs) -> KubeletSim {
+    let mut k = KubeletSim::start(
+        &dirs.kubelet.join("plugins_registry"),
+        DRIVER,
+        &KubeletSimOptions { node_name: NODE.into(), ..Default::default() },
+    )
+    .unwrap();
+    k.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER && e.get("error").is_none()).unwrap();
+    k
+}
+
+fn ok(reply: &Value, uid: &str) -> bool {
+    reply.get("error").is_none() && claim_response(reply, uid).get("error").is_none_or(|e| e.as_str() == Some(""))
+}
+
+fn specs_for(dirs: &Dirs, uid: &str) -> usize {
+    std::fs::read_dir(&dirs.cdi)
+        .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().contains(uid)).count())
+}
+
+fn checkpointed(dirs: &Dirs) -> Vec<String> {
+    let text = std::fs::read_to_string(dirs.checkpoint()).unwrap_or_default();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    v["claims"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+}
+
+fn wait_dead(p: &mut ManagedProcess) {
+    for _ in 0..100 {
+        if p.check_running().is_err() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the driver did not die at its fail point");
+}
+
+#[test]
+fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
+    let mut plane = ControlPlane::start().expect("control plane");
+    plane.create_node(NODE).unwrap();
+    let kubectl = plane.kubectl().clone();
+    let dirs = Dirs::new(plane.dir());
+    std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
+    kubectl.apply(&claim_with("c1", "4Gi", "50")).unwrap();
+    // A first driver publishes the slice the scheduler allocates from.
+    let mut publisher = driver(&plane, &dirs, "driver-publish");
+    plane.wait_allocated("default", "c1", Duration::from_secs(30)).unwrap();
+    publisher.stop();
+    let uid = kubectl.run(&["get", "resourceclaim", "c1", "-o", "jsonpath={.metadata.uid}"]).unwrap();
+    let claim = [("default", "c1", uid.as_str())];
+
+    for point in ["prepare-admitted", "prepare-checkpointed", "prepare-spec-written"] {
+        let mut dying = driver_with(&plane, &dirs, &format!("driver-{point}"), &[&format!("--fail-point={point}")]);
+        let mut k = kubelet(&dirs);
+        let reply = k.prepare(&claim).unwrap();
+        assert!(!ok(&reply, &uid), "{point}: the call should have died with the plugin: {reply}");
+        wait_dead(&mut dying);
+        drop(k);
+        // The kubelet retries the prepare against the restarted plugin.
+        let mut drv = driver(&plane, &dirs, &format!("driver-after-{point}"));
+        let mut k = kubelet(&dirs);
+        let reply = k.prepare(&claim).unwrap();
+        assert!(ok(&reply, &uid), "{point}: {reply}");
+        assert_eq!(specs_for(&dirs, &uid), 1, "{point}");
+        assert_eq!(checkpointed(&dirs), [uid.clone()], "{point}");
+        // Back to unprepared for the next round.
+        assert!(ok(&k.unprepare(&claim).unwrap(), &uid));
+        assert_eq!(specs_for(&dirs, &uid), 0, "{point}");
+        drv.stop();
+    }
+
+    for point in ["unprepare-checkpointed", "unprepare-spec-removed"] {
+        let mut drv = driver(&plane, &dirs, &format!("driver-before-{point}"));
+        let mut k = kubelet(&dirs);
+        assert!(ok(&k.prepare(&claim).unwrap(), &uid));
+        drv.stop();
+        drop(k);
+        let mut dying = driver_with(&plane, &dirs, &format!("driver-{point}"), &[&format!("--fail-point={point}")]);
+        let mut k = kubelet(&dirs);
+        let reply = k.unprepare(&claim).unwrap();
+        assert!(!ok(&reply, &uid), "{point}: {reply}");
+        wait_dead(&mut dying);
+        drop(k);
+        let mut drv = driver(&plane, &dirs, &format!("driver-after-{point}"));
+        let mut k = kubelet(&dirs);
+        // Restart alone already leaves no spec of a claim the checkpoint no longer holds.
+        assert_eq!(specs_for(&dirs, &uid), 0, "{point}: leaked spec");
+        assert!(ok(&k.unprepare(&claim).unwrap(), &uid), "{point}");
+        assert!(checkpointed(&dirs).is_empty(), "{point}");
+        // The ledger released the share: the whole card can be prepared again.
+        assert!(ok(&k.prepare(&claim).unwrap(), &uid), "{point}");
+        assert!(ok(&k.unprepare(&claim).unwrap(), &uid), "{point}");
+        drv.stop();
+    }
+}
+
+/// Claims with hand-written allocations (as a buggy or racing scheduler might write them) that
+/// together ask 10x what the card has.
+fn overcommitted_claims(n: usize) -> (String, String) {
+    let mut claims = String::new();
+    let mut statuses = String::new();
+    for i in 0..n {
+        claims.push_str(&format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: o{i}, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n---\n"
+        ));
+        statuses.push_str(&format!(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: o{i}, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\nstatus:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: {:08x}-0000-4000-8000-000000000000, consumedCapacity: {{memory: 1Gi, cores: \"10\", shares: \"1\"}}}}\n---\n",
+            i + 1
+        ));
+    }
+    (claims, statuses)
+}
+
+#[test]
+fn a_hundred_concurrent_prepares_never_overcommit_a_card() {
+    let mut plane = ControlPlane::start().expect("control plane");
+    plane.create_node(NODE).unwrap();
+    let kubectl = plane.kubectl().clone();
+    kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap(); // the DeviceClass
+    let dirs = Dirs::new(plane.dir());
+    std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
+    let (claims, statuses) = overcommitted_claims(100);
+    kubectl.run_with_input(&["create", "-f", "-"], Some(&claims)).unwrap();
+    kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&statuses)).unwrap();
+    let uids: Vec<(String, String)> = (0..100)
+        .map(|i| {
+            let name = format!("o{i}");
+            let uid = kubectl.run(&["get", "resourceclaim", &name, "-o", "jsonpath={.metadata.uid}"]).unwrap();
+            (name, uid)
+        })
+        .collect();
+    let _drv = driver(&plane, &dirs, "driver");
+    let mut k = kubelet(&dirs);
+    let batch: Vec<(&str, &str, &str)> = uids.iter().map(|(n, u)| ("default", n.as_str(), u.as_str())).collect();
+    // One kubelet call: the plugin prepares the 100 claims concurrently.
+    let reply = k.prepare(&batch).unwrap();
+    let admitted = uids.iter().filter(|(_, u)| ok(&reply, u)).count();
+    let refused: Vec<String> = uids
+        .iter()
+        .filter(|(_, u)| !ok(&reply, u))
+        .map(|(_, u)| claim_response(&reply, u)["error"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    // 100 cores and 10 shares: exactly ten 10-core shares fit.
+    assert_eq!(admitted, 10, "{reply}");
+    assert!(refused.iter().all(|e| e.contains("device hami-gpu-0") && e.contains("free")), "{refused:?}");
+    assert_eq!(checkpointed(&dirs).len(), 10);
+}
