@@ -287,6 +287,7 @@ pub fn prepare_preview(args: &PreparePreviewArgs, out: &mut dyn Write) -> anyhow
         dev_root: "/dev".into(),
         synthesize_nodes: true,
         limits: vgpu_scheduling::LimitOptions { oversubscribed: !config.memory_scaling.is_one(), ..Default::default() },
+        toolkit_dirs: Vec::new(),
     };
     let spec = build_spec(&options, &want, &devices, &published).map_err(|e| UsageError(e.to_string()))?;
     serde_json::to_writer_pretty(&mut *out, &spec)?;

@@ -139,6 +139,8 @@ pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::
             log_level: args.libcuda_log_level,
             core_policy: args.core_utilization_policy.clone(),
         },
+        // The toolkit writes to /etc/cdi or /var/run/cdi; ours go to --cdi-dir.
+        toolkit_dirs: vec!["/etc/cdi".into(), args.cdi_dir.clone()],
     })
 }
 

@@ -26,6 +26,12 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     plane.create_node(NODE)?;
     let kubectl = plane.kubectl().clone();
     let dirs = Dirs::new(plane.dir());
+    // The NVIDIA Container Toolkit's own spec for card 0, as `nvidia-ctk cdi generate` writes it.
+    std::fs::create_dir_all(&dirs.cdi)?;
+    std::fs::write(
+        dirs.cdi.join("nvidia.yaml"),
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    env: [NVIDIA_TOOLKIT_DEVICE=0]\n",
+    )?;
     let mut drv = driver(plane, &dirs, "driver");
     let registry = dirs.kubelet.join("plugins_registry");
     std::fs::create_dir_all(&registry)?;
@@ -57,6 +63,9 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         ids.push(dev["cdi_device_ids"][0].as_str().unwrap().to_owned());
     }
     assert!(ids[0].starts_with(&format!("k8s.{DRIVER}/claim={}-hami-gpu-0-", uids[0])), "{}", ids[0]);
+    assert_eq!(claim_response(&reply, &uids[0])["devices"][0]["cdi_device_ids"][1], "nvidia.com/gpu=0", "{reply}");
+    // The toolkit's spec is not ours: listing and cleanup leave it alone.
+    assert!(dirs.cdi.join("nvidia.yaml").exists());
 
     // What the runtime would inject, through the reference CDI library.
     let report = cdi_check(&dirs.cdi, &[&ids[0]]);
@@ -75,7 +84,10 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
     // A repeated prepare gives the same answer; a wiped CDI dir is restored by it.
     for f in std::fs::read_dir(&dirs.cdi)? {
-        std::fs::remove_file(f?.path())?;
+        let path = f?.path();
+        if !path.ends_with("nvidia.yaml") {
+            std::fs::remove_file(path)?;
+        }
     }
     let again = kubelet.prepare(&[("default", "c1", &uids[0])])?;
     assert_eq!(claim_response(&again, &uids[0])["devices"], claim_response(&reply, &uids[0])["devices"]);

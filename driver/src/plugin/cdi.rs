@@ -35,6 +35,8 @@ pub struct CdiOptions {
     pub synthesize_nodes: bool,
     /// HAMi-core knobs.
     pub limits: LimitOptions,
+    /// Directories searched for the NVIDIA Container Toolkit's own specs.
+    pub toolkit_dirs: Vec<PathBuf>,
 }
 
 /// Failures building a spec.

@@ -7,6 +7,7 @@ pub mod checkpoint;
 pub mod claim;
 pub mod service;
 pub mod state;
+pub mod toolkit;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -282,7 +282,7 @@ impl State {
             let _ = checkpoint.save(prepared);
             return Err(PrepareError::Storage(e));
         }
-        Ok(answer(&cdi.kind, &self.node, &entry))
+        Ok(answer(cdi, &published, &self.node, &entry))
     }
 
     /// The stored answer of an already prepared claim, with its spec restored when missing.
@@ -295,7 +295,8 @@ impl State {
             ensure_dir(&claim_dir(&inner.cdi, claim)).await.map_err(|e| storage(&e))?;
             inner.specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| storage(&e))?;
         }
-        Ok(Some(answer(&inner.cdi.kind, &self.node, entry)))
+        let published = self.published()?;
+        Ok(Some(answer(&inner.cdi, &published, &self.node, entry)))
     }
 
     /// Unprepares one claim; unknown claims succeed.
@@ -339,7 +340,9 @@ fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_schedu
     published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
 }
 
-fn answer(kind: &cdi_spec::Kind, node: &str, entry: &PreparedClaim) -> Vec<PreparedDevice> {
+fn answer(cdi: &CdiOptions, published: &[PublishedDevice], node: &str, entry: &PreparedClaim) -> Vec<PreparedDevice> {
+    let kind = &cdi.kind;
+    let toolkit = super::toolkit::toolkit_devices(&cdi.toolkit_dirs);
     entry
         .devices
         .iter()
@@ -347,11 +350,19 @@ fn answer(kind: &cdi_spec::Kind, node: &str, entry: &PreparedClaim) -> Vec<Prepa
         .map(|(d, spec_dev)| {
             let id = cdi_spec::DeviceName::new(spec_dev.name.clone())
                 .map(|name| QualifiedDeviceId { kind: kind.clone(), name }.to_string());
+            let card = published.iter().find(|p| p.name == d.device);
+            let toolkit_id = card.and_then(|c| {
+                let index = match c.attributes.get("index") {
+                    Some(vgpu_scheduling::Attribute::Int(i)) => u32::try_from(*i).unwrap_or(c.minor),
+                    _ => c.minor,
+                };
+                super::toolkit::toolkit_id(&toolkit, &c.uuid, index)
+            });
             PreparedDevice {
                 request: d.request.clone(),
                 pool: node.to_owned(),
                 device: d.device.to_string(),
-                cdi_ids: id.into_iter().collect(),
+                cdi_ids: id.into_iter().chain(toolkit_id).collect(),
                 share_id: d.share_id.as_ref().map(ToString::to_string),
             }
         })
