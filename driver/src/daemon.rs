@@ -59,7 +59,8 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         let state = State::recover(Some(client.clone()), source.clone(), config.clone(), args.node_name.clone(), Checkpoint::new(&paths.checkpoint), cdi, specs)
             .await
             .context("recovering prepared claims")?
-            .with_fail_point(args.fail_point);
+            .with_fail_point(args.fail_point)
+            .with_claim_cache(claim_cache(client.clone(), cancel.clone()));
         let state = Arc::new(state);
         let registered = Arc::new(AtomicBool::new(false));
         let options = PublisherOptions { inventory_poll: Duration::from_millis(args.inventory_poll_ms.max(100)), ..Default::default() };
@@ -161,4 +162,30 @@ async fn prepare_host(cdi: &CdiOptions) -> anyhow::Result<()> {
         tracing::warn!(path = %cdi.libvgpu.display(), "HAMi-core library not found; containers of prepared claims cannot start until it is installed");
     }
     Ok(())
+}
+
+/// A watch cache of ResourceClaims, so a prepare usually needs no API round trip.
+fn claim_cache(
+    client: kube::Client,
+    cancel: CancellationToken,
+) -> kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim> {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (reader, writer) = reflector::store();
+    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> = kube::Api::all(client);
+    let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                item = stream.next() => match item {
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => tracing::debug!(error = %e, "ResourceClaim watch restarts"),
+                    None => return,
+                },
+            }
+        }
+    });
+    reader
 }

@@ -75,7 +75,7 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
         let reply = k.prepare(&claim).unwrap();
         assert!(ok(&reply, &uid), "{point}: {reply}");
         assert_eq!(specs_for(&dirs, &uid), 1, "{point}");
-        assert_eq!(checkpointed(&dirs), [uid.clone()], "{point}");
+        assert_eq!(checkpointed(&dirs), std::slice::from_ref(&uid), "{point}");
         // Back to unprepared for the next round.
         assert!(ok(&k.unprepare(&claim).unwrap(), &uid));
         assert_eq!(specs_for(&dirs, &uid), 0, "{point}");
@@ -126,7 +126,7 @@ fn overcommitted_claims(n: usize) -> (String, String) {
 
 #[test]
 fn a_hundred_concurrent_prepares_never_overcommit_a_card() {
-    let mut plane = ControlPlane::start().expect("control plane");
+    let plane = ControlPlane::start().expect("control plane");
     plane.create_node(NODE).unwrap();
     let kubectl = plane.kubectl().clone();
     kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap(); // the DeviceClass

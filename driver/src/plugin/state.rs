@@ -95,6 +95,7 @@ fn fail_point(configured: Option<FailPoint>, here: FailPoint) {
 pub struct State {
     inner: Mutex<Inner>,
     claims: Option<kube::Client>,
+    cache: Option<kube::runtime::reflector::Store<ResourceClaim>>,
     source: Arc<dyn DeviceSource>,
     config: SharingConfig,
     node: String,
@@ -138,6 +139,7 @@ impl State {
         let state = Self {
             inner: Mutex::new(Inner { ledger: Ledger::default(), prepared, checkpoint, specs: spec_dir, cdi }),
             claims: client,
+            cache: None,
             source,
             config,
             node,
@@ -145,6 +147,13 @@ impl State {
         };
         state.startup_sync(rebuilt).await?;
         Ok(state)
+    }
+
+    /// Serves claim reads from a watch cache, falling back to GET on a miss or a stale entry.
+    #[must_use]
+    pub fn with_claim_cache(mut self, cache: kube::runtime::reflector::Store<ResourceClaim>) -> Self {
+        self.cache = Some(cache);
+        self
     }
 
     /// Makes the process abort at `point` (tests of crash recovery).
@@ -220,6 +229,15 @@ impl State {
     }
 
     async fn get_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, PrepareError> {
+        if let Some(cache) = &self.cache {
+            let key = kube::runtime::reflector::ObjectRef::new(&claim.name).within(&claim.namespace);
+            if let Some(c) = cache.get(&key)
+                && c.metadata.uid.as_deref() == Some(claim.uid.as_str())
+                && c.status.as_ref().is_some_and(|s| s.allocation.is_some())
+            {
+                return Ok((*c).clone());
+            }
+        }
         let client =
             self.claims.clone().ok_or_else(|| PrepareError::Api { claim: claim.to_string(), reason: "no API client".into() })?;
         let api: Api<ResourceClaim> = Api::namespaced(client, &claim.namespace);
