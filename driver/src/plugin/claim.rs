@@ -192,3 +192,74 @@ pub fn devices_of(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use vgpu_scheduling::{Inventory, SharingConfig, publish};
+
+    use super::*;
+    use crate::discovery::DeviceSource;
+    use crate::discovery::mock::{MockSource, parse_spec};
+
+    const UID: &str = "6f1c0a9e-1b2c-4d5e-8f90-0123456789ab";
+
+    fn claim(extra_status: &str, result: &str) -> ResourceClaim {
+        let yaml = format!(
+            "metadata: {{name: c, namespace: ns, uid: {UID}}}\nspec: {{}}\nstatus:\n{extra_status}  allocation:\n    devices:\n      results:\n      - {result}\n"
+        );
+        serde_saphyr::from_str(&yaml).unwrap()
+    }
+
+    fn published() -> Vec<PublishedDevice> {
+        let inv: Inventory = MockSource::new("n1", parse_spec("2xTesla T4:15Gi").unwrap()).inventory().unwrap();
+        publish(&inv, &SharingConfig::default())
+    }
+
+    fn check(c: &ResourceClaim) -> Result<Vec<ClaimDevice>, ClaimError> {
+        let want = ClaimRef { namespace: "ns".into(), name: "c".into(), uid: Uid::new(UID).unwrap() };
+        devices_of(c, &want, &SharingConfig::default().driver_name, "n1", &published())
+    }
+
+    const OURS: &str = "{driver: hami-core-gpu.project-hami.io, pool: n1, device: hami-gpu-1, request: gpu, shareID: s-1, consumedCapacity: {memory: 4Gi, cores: \"50\", shares: \"1\"}}";
+
+    #[test]
+    fn takes_device_share_and_consumption() {
+        let devices = check(&claim("", OURS)).unwrap();
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].device.as_str(), "hami-gpu-1");
+        assert_eq!(devices[0].share_id.as_ref().map(Uid::as_str), Some("s-1"));
+        assert_eq!(devices[0].consumption["memory"].to_string(), "4Gi");
+    }
+
+    #[test]
+    fn missing_consumed_capacity_means_what_an_empty_request_takes() {
+        let devices =
+            check(&claim("", "{driver: hami-core-gpu.project-hami.io, pool: n1, device: hami-gpu-0, request: gpu}")).unwrap();
+        let c = &devices[0].consumption;
+        assert_eq!(
+            (c["memory"].to_string(), c["cores"].to_string(), c["shares"].to_string()),
+            ("15Gi".into(), "100".into(), "1".into())
+        );
+    }
+
+    #[test]
+    fn each_refusal_names_its_cause() {
+        let other_uid = claim("", OURS);
+        let mut other_uid = other_uid;
+        other_uid.metadata.uid = Some("x".into());
+        assert!(check(&other_uid).unwrap_err().to_string().contains("has UID x"));
+        let two = claim("  reservedFor:\n  - {resource: pods, name: a, uid: a}\n  - {resource: pods, name: b, uid: b}\n", OURS);
+        assert!(matches!(check(&two), Err(ClaimError::SharedAcrossPods { count: 2, .. })));
+        let elsewhere = claim("", &OURS.replace("pool: n1", "pool: n2"));
+        assert_eq!(check(&elsewhere).unwrap_err().to_string(), "claim ns/c is allocated to n2, not to this node n1");
+        let foreign = claim("", &OURS.replace("hami-core-gpu.project-hami.io", "gpu.nvidia.com"));
+        assert!(matches!(check(&foreign), Err(ClaimError::NoDevices(_))));
+        let unknown = claim("", &OURS.replace("hami-gpu-1", "hami-gpu-9"));
+        assert!(check(&unknown).unwrap_err().to_string().contains("device hami-gpu-9 does not exist"));
+        let bad = claim("", &OURS.replace("4Gi", "lots"));
+        assert!(check(&bad).unwrap_err().to_string().contains("consumedCapacity memory"));
+        let mut unallocated = claim("", OURS);
+        unallocated.status = None;
+        assert_eq!(check(&unallocated).unwrap_err().to_string(), "claim ns/c is not allocated");
+    }
+}

@@ -284,10 +284,10 @@ impl State {
         let entry = PreparedClaim { claim: claim.clone(), devices, spec };
         prepared.insert(claim.uid.clone(), entry.clone());
         let written = async {
-            checkpoint.save(prepared).map_err(|e| format!("{e:#}"))?;
+            blocking(|| checkpoint.save(prepared)).map_err(|e| format!("{e:#}"))?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             ensure_dir(&claim_dir(cdi, claim)).await.map_err(|e| format!("{e:#}"))?;
-            specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+            blocking(|| specs.write(claim.uid.as_str(), &entry.spec)).map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
             fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
             Ok::<_, String>(())
         }
@@ -297,7 +297,7 @@ impl State {
             admitted.iter().for_each(|k| {
                 ledger.release(k);
             });
-            let _ = checkpoint.save(prepared);
+            let _ = blocking(|| checkpoint.save(prepared));
             return Err(PrepareError::Storage(e));
         }
         Ok(answer(cdi, &published, &self.node, &entry))
@@ -308,10 +308,10 @@ impl State {
         let inner = self.inner.lock().await;
         let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
         let storage = |e: &dyn std::fmt::Display| PrepareError::Storage(e.to_string());
-        if inner.specs.read(claim.uid.as_str()).map_err(|e| storage(&e))?.is_none() {
+        if blocking(|| inner.specs.read(claim.uid.as_str())).map_err(|e| storage(&e))?.is_none() {
             tracing::info!(claim = %claim, "CDI spec vanished (tmpfs after reboot?); rewriting it");
             ensure_dir(&claim_dir(&inner.cdi, claim)).await.map_err(|e| storage(&e))?;
-            inner.specs.write(claim.uid.as_str(), &entry.spec).map_err(|e| storage(&e))?;
+            blocking(|| inner.specs.write(claim.uid.as_str(), &entry.spec)).map_err(|e| storage(&e))?;
         }
         let published = self.published()?;
         Ok(Some(answer(&inner.cdi, &published, &self.node, entry)))
@@ -325,14 +325,14 @@ impl State {
         let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
         if let Some(entry) = prepared.remove(uid) {
-            if let Err(e) = checkpoint.save(prepared) {
+            if let Err(e) = blocking(|| checkpoint.save(prepared)) {
                 prepared.insert(uid.clone(), entry);
                 return Err(PrepareError::Storage(e.to_string()));
             }
             ledger.release_claim(uid);
             fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
         }
-        if specs.remove(uid.as_str()).map_err(|e| PrepareError::Storage(e.to_string()))? {
+        if blocking(|| specs.remove(uid.as_str())).map_err(|e| PrepareError::Storage(e.to_string()))? {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
         match tokio::fs::remove_dir_all(cdi.claims_root.join(uid.as_str())).await {
@@ -385,6 +385,14 @@ fn answer(cdi: &CdiOptions, published: &[PublishedDevice], node: &str, entry: &P
             }
         })
         .collect()
+}
+
+/// Runs small synchronous file work (fsync included) without stalling the runtime's other tasks.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
 }
 
 async fn ensure_dir(path: &std::path::Path) -> std::io::Result<()> {
