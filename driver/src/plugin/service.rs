@@ -107,99 +107,63 @@ impl DraService {
     }
 }
 
-#[tonic::async_trait]
-impl dra_v1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        req: Request<dra_v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra_v1::NodePrepareResourcesResponse>, Status> {
-        let claims = req.into_inner().claims.into_iter().map(|c| (c.namespace, c.name, c.uid)).collect();
-        let claims = self
-            .prepare_all(claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let resp = match r {
-                    Ok(devs) => dra_v1::NodePrepareResourceResponse {
-                        devices: devs
-                            .into_iter()
-                            .map(|d| dra_v1::Device {
-                                request_names: vec![d.request],
-                                pool_name: d.pool,
-                                device_name: d.device,
-                                cdi_device_ids: d.cdi_ids,
-                                share_id: d.share_id,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => dra_v1::NodePrepareResourceResponse { devices: vec![], error },
-                };
-                (uid, resp)
-            })
-            .collect();
-        Ok(Response::new(dra_v1::NodePrepareResourcesResponse { claims }))
-    }
+/// One implementation per protocol version: the messages differ only in `Device.share_id`.
+macro_rules! dra_service {
+    ($version:ident, |$d:ident| $device:expr) => {
+        #[tonic::async_trait]
+        impl $version::dra_plugin_server::DraPlugin for DraService {
+            async fn node_prepare_resources(
+                &self,
+                req: Request<$version::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$version::NodePrepareResourcesResponse>, Status> {
+                let claims = req.into_inner().claims.into_iter().map(|c| (c.namespace, c.name, c.uid)).collect();
+                let claims = self
+                    .prepare_all(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, r)| {
+                        let resp = match r {
+                            Ok(devs) => $version::NodePrepareResourceResponse {
+                                devices: devs.into_iter().map(|$d| $device).collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $version::NodePrepareResourceResponse { devices: vec![], error },
+                        };
+                        (uid, resp)
+                    })
+                    .collect();
+                Ok(Response::new($version::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        req: Request<dra_v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra_v1::NodeUnprepareResourcesResponse>, Status> {
-        let uids = req.into_inner().claims.into_iter().map(|c| c.uid).collect();
-        let claims = self
-            .unprepare_all(uids)
-            .await
-            .into_iter()
-            .map(|(uid, error)| (uid, dra_v1::NodeUnprepareResourceResponse { error }))
-            .collect();
-        Ok(Response::new(dra_v1::NodeUnprepareResourcesResponse { claims }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                req: Request<$version::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$version::NodeUnprepareResourcesResponse>, Status> {
+                let uids = req.into_inner().claims.into_iter().map(|c| c.uid).collect();
+                let claims = self
+                    .unprepare_all(uids)
+                    .await
+                    .into_iter()
+                    .map(|(uid, error)| (uid, $version::NodeUnprepareResourceResponse { error }))
+                    .collect();
+                Ok(Response::new($version::NodeUnprepareResourcesResponse { claims }))
+            }
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl dra_v1beta1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        req: Request<dra_v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<dra_v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = req.into_inner().claims.into_iter().map(|c| (c.namespace, c.name, c.uid)).collect();
-        let claims = self
-            .prepare_all(claims)
-            .await
-            .into_iter()
-            .map(|(uid, r)| {
-                let resp = match r {
-                    Ok(devs) => dra_v1beta1::NodePrepareResourceResponse {
-                        devices: devs
-                            .into_iter()
-                            .map(|d| dra_v1beta1::Device {
-                                request_names: vec![d.request],
-                                pool_name: d.pool,
-                                device_name: d.device,
-                                cdi_device_ids: d.cdi_ids,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => dra_v1beta1::NodePrepareResourceResponse { devices: vec![], error },
-                };
-                (uid, resp)
-            })
-            .collect();
-        Ok(Response::new(dra_v1beta1::NodePrepareResourcesResponse { claims }))
-    }
+dra_service!(dra_v1, |d| dra_v1::Device {
+    request_names: vec![d.request],
+    pool_name: d.pool,
+    device_name: d.device,
+    cdi_device_ids: d.cdi_ids,
+    share_id: d.share_id,
+});
 
-    async fn node_unprepare_resources(
-        &self,
-        req: Request<dra_v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<dra_v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let uids = req.into_inner().claims.into_iter().map(|c| c.uid).collect();
-        let claims = self
-            .unprepare_all(uids)
-            .await
-            .into_iter()
-            .map(|(uid, error)| (uid, dra_v1beta1::NodeUnprepareResourceResponse { error }))
-            .collect();
-        Ok(Response::new(dra_v1beta1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
+// v1beta1 predates share IDs; older kubelets simply do not get them.
+dra_service!(dra_v1beta1, |d| dra_v1beta1::Device {
+    request_names: vec![d.request],
+    pool_name: d.pool,
+    device_name: d.device,
+    cdi_device_ids: d.cdi_ids,
+});
