@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/dra/v1beta1/dra.proto",
         "proto/pluginregistration/v1/registration.proto",
         "proto/health/v1alpha1/health.proto",
+        "proto/health/v1/health.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");

@@ -193,6 +193,9 @@ pub struct KubeletPluginArgs {
     /// Abort at this point of prepare/unprepare (crash-recovery tests only).
     #[arg(long, hide = true, value_enum)]
     pub fail_point: Option<crate::plugin::state::FailPoint>,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS", default_value = "0.0.0.0:9394")]
+    pub metrics_address: std::net::SocketAddr,
     /// How often the inventory is re-read, in milliseconds.
     #[arg(long, env = "VGPU_DRA_INVENTORY_POLL_MS", default_value_t = 5000)]
     pub inventory_poll_ms: u64,

@@ -13,8 +13,11 @@ use cdi_spec::{Kind, SpecDir};
 use vgpu_scheduling::{LimitOptions, SharingConfig};
 
 use crate::cli::{KubeletPluginArgs, LogFormat};
+use crate::http::Probes;
+use crate::metrics::Metrics;
 use crate::plugin::cdi::CdiOptions;
 use crate::plugin::checkpoint::Checkpoint;
+use crate::plugin::health::HealthService;
 use crate::plugin::state::State;
 use crate::plugin::{self, Paths};
 use crate::publisher::{Publisher, PublisherOptions};
@@ -53,6 +56,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         let cancel = CancellationToken::new();
         tracing::info!(node = %args.node_name, driver = %config.driver_name, split = config.device_split_count, "vgpu-dra kubelet plugin starting");
         let paths = Paths::new(&args.kubelet_dir, config.driver_name.as_str());
+        let metrics = Arc::new(Metrics::new(args.node_name.clone()));
         let cdi = cdi_options(args, &config)?;
         prepare_host(&cdi).await?;
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
@@ -60,15 +64,31 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
             .await
             .context("recovering prepared claims")?
             .with_fail_point(args.fail_point)
-            .with_claim_cache(claim_cache(client.clone(), cancel.clone()));
+            .with_claim_cache(claim_cache(client.clone(), cancel.clone()))
+            .with_metrics(metrics.clone());
         let state = Arc::new(state);
         let registered = Arc::new(AtomicBool::new(false));
         let options = PublisherOptions { inventory_poll: Duration::from_millis(args.inventory_poll_ms.max(100)), ..Default::default() };
         let driver = config.driver_name.to_string();
-        let publisher = Publisher::new(client, args.node_name.clone(), source, config, options);
+        let (health_tx, health_rx) = tokio::sync::watch::channel(Vec::new());
+        let publisher = Publisher::new(client, args.node_name.clone(), source, config, options).with_health(health_tx).with_metrics(metrics.clone());
+        let health = HealthService { pool: args.node_name.clone(), devices: health_rx };
+        let probes = Probes {
+            registered: registered.clone(),
+            published: publisher.ready_flag(),
+            sockets: vec![paths.dra_socket.clone(), paths.registration_socket.clone()],
+        };
+        let http_cancel = cancel.clone();
+        let http = tokio::spawn(crate::http::serve(args.metrics_address, probes, metrics, state.clone(), cancel.clone()));
+        let http = tokio::spawn(async move {
+            if let Ok(Err(e)) = http.await {
+                tracing::error!(error = %format!("{e:#}"), "metrics and probes endpoint failed");
+                http_cancel.cancel();
+            }
+        });
         let plugin_cancel = cancel.clone();
         let plugin = tokio::spawn(async move {
-            if let Err(e) = plugin::serve(&paths, &driver, state, registered, plugin_cancel.clone()).await {
+            if let Err(e) = plugin::serve(&paths, &driver, state, health, registered, plugin_cancel.clone()).await {
                 // A plugin that cannot serve the kubelet is useless: stop everything.
                 tracing::error!(error = %format!("{e:#}"), "kubelet plugin failed");
                 plugin_cancel.cancel();
@@ -76,7 +96,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         });
         let publisher_task = tokio::spawn(publisher.run(cancel.clone()));
         let mut task = tokio::spawn(async move {
-            let _ = tokio::join!(plugin, publisher_task);
+            let _ = tokio::join!(plugin, publisher_task, http);
         });
         tokio::select! {
             signal = shutdown_signal() => {

@@ -9,6 +9,8 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
+pub mod http;
+pub mod metrics;
 pub mod plugin;
 pub mod publisher;
 pub mod slices;

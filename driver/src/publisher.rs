@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{PublishedDevice, SharingConfig, publish};
 
 use crate::discovery::{DeviceSource, DiscoveryError};
+use crate::metrics::{Metrics, labels};
+use crate::plugin::health::DeviceHealthState;
 use crate::slices::{LABEL_MANAGED_BY, PoolIdentity, build_slices};
 
 /// Field manager of our server-side applies.
@@ -108,6 +110,9 @@ pub struct Publisher {
     options: PublisherOptions,
     generation: i64,
     published: Option<Vec<PublishedDevice>>,
+    health: Option<tokio::sync::watch::Sender<Vec<DeviceHealthState>>>,
+    ready: Arc<std::sync::atomic::AtomicBool>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Publisher {
@@ -128,7 +133,35 @@ impl Publisher {
             options,
             generation: 0,
             published: None,
+            health: None,
+            ready: Arc::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts slice writes and watch restarts in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count_write(&self, op: &str, ok: bool) {
+        if let Some(m) = &self.metrics {
+            m.slice_writes.get_or_create(&labels(&[("op", op), ("result", if ok { "ok" } else { "error" })])).inc();
+        }
+    }
+
+    /// Reports every published device's health to `tx` (for the kubelet's health stream).
+    #[must_use]
+    pub fn with_health(mut self, tx: tokio::sync::watch::Sender<Vec<DeviceHealthState>>) -> Self {
+        self.health = Some(tx);
+        self
+    }
+
+    /// Set once the pool has been published (for readiness).
+    pub fn ready_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        self.ready.clone()
     }
 
     fn selector(&self) -> String {
@@ -140,7 +173,8 @@ impl Publisher {
     /// once per change of state.
     pub async fn run(mut self, cancel: CancellationToken) {
         let wake = Arc::new(Notify::new());
-        let watch = tokio::spawn(watch_slices(self.slices.clone(), self.selector(), wake.clone(), cancel.clone()));
+        let watch =
+            tokio::spawn(watch_slices(self.slices.clone(), self.selector(), wake.clone(), self.metrics.clone(), cancel.clone()));
         let mut backoff = self.options.min_backoff;
         let mut last_error: Option<String> = None;
         let mut first = true;
@@ -249,22 +283,45 @@ impl Publisher {
             if current.is_some_and(|c| up_to_date(c, slice)) {
                 continue;
             }
-            self.slices
-                .patch(&name, &params, &Patch::Apply(slice))
-                .await
-                .map_err(|source| PublishError::Apply { name: name.clone(), source })?;
+            let applied = self.slices.patch(&name, &params, &Patch::Apply(slice)).await;
+            self.count_write("apply", applied.is_ok());
+            applied.map_err(|source| PublishError::Apply { name: name.clone(), source })?;
             outcome.applied += 1;
         }
         for stale in existing.iter().filter(|e| !desired.iter().any(|d| d.metadata.name == e.metadata.name)) {
             let name = stale.metadata.name.clone().unwrap_or_default();
-            match self.slices.delete(&name, &DeleteParams::default()).await {
+            let deleted = self.slices.delete(&name, &DeleteParams::default()).await;
+            self.count_write("delete", deleted.is_ok());
+            match deleted {
                 Ok(_) => outcome.deleted += 1,
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(source) => return Err(PublishError::Delete { name, source }),
             }
         }
         self.generation = pool.generation;
+        if let Some(tx) = &self.health {
+            let list = devices
+                .iter()
+                .map(|d| DeviceHealthState {
+                    device: d.name.to_string(),
+                    healthy: d.health == vgpu_scheduling::Health::Healthy,
+                    message: if d.health == vgpu_scheduling::Health::Healthy {
+                        String::new()
+                    } else {
+                        format!("GPU {} is unhealthy", d.uuid)
+                    },
+                })
+                .collect::<Vec<_>>();
+            tx.send_if_modified(|current| {
+                let changed = *current != list;
+                if changed {
+                    *current = list;
+                }
+                changed
+            });
+        }
         self.published = Some(devices);
+        self.ready.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(outcome)
     }
 }
@@ -279,7 +336,13 @@ fn up_to_date(current: &ResourceSlice, desired: &ResourceSlice) -> bool {
 }
 
 /// Wakes the reconciler on every change to our slices (deletions, edits by others).
-async fn watch_slices(api: Api<ResourceSlice>, selector: String, wake: Arc<Notify>, cancel: CancellationToken) {
+async fn watch_slices(
+    api: Api<ResourceSlice>,
+    selector: String,
+    wake: Arc<Notify>,
+    metrics: Option<Arc<Metrics>>,
+    cancel: CancellationToken,
+) {
     let config = watcher::Config::default().fields(&selector);
     let mut events = std::pin::pin!(watcher(api, config));
     loop {
@@ -290,6 +353,9 @@ async fn watch_slices(api: Api<ResourceSlice>, selector: String, wake: Arc<Notif
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "ResourceSlice watch restarts");
+                    if let Some(m) = &metrics {
+                        m.watch_restarts.get_or_create(&labels(&[("resource", "resourceslices")])).inc();
+                    }
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 None => return,

@@ -46,5 +46,19 @@ pub fn start_driver(plane: &ControlPlane, name: &str, node: &str, args: &[&str])
         "--inventory-poll-ms=200".to_owned(),
     ];
     full.extend(args.iter().map(|a| (*a).to_owned()));
+    // Several drivers run at once in tests: never the fixed default port, and never the host's
+    // kubelet, CDI or HAMi-core directories.
+    let own = plane.dir().join(format!("host-{node}"));
+    for (flag, default) in [
+        ("--metrics-address", "127.0.0.1:0".to_owned()),
+        ("--kubelet-dir", own.join("kubelet").display().to_string()),
+        ("--cdi-dir", own.join("cdi").display().to_string()),
+        ("--hami-core-dir", own.join("vgpu").display().to_string()),
+        ("--lock-dir", own.join("vgpulock").display().to_string()),
+    ] {
+        if !args.iter().any(|a| a.starts_with(flag)) {
+            full.push(format!("{flag}={default}"));
+        }
+    }
     ManagedProcess::spawn(name, driver_binary()?, &full, plane.dir())
 }

@@ -213,11 +213,18 @@ fn an_unreachable_api_server_is_retried_and_logged_once() {
     let kubeconfig = dir.path().join("kubeconfig");
     vgpu_dra_integration::write_kubeconfig(&kubeconfig, &format!("https://127.0.0.1:{port}"), "t").unwrap();
     let bin = vgpu_dra_integration::driver_binary().unwrap();
-    let args: Vec<String> = ["kubelet-plugin", "--node-name=n1", "--mock-gpus=T4:15Gi", "--inventory-poll-ms=100"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .chain([format!("--kubeconfig={}", kubeconfig.display())])
-        .collect();
+    let args: Vec<String> =
+        ["kubelet-plugin", "--node-name=n1", "--mock-gpus=T4:15Gi", "--inventory-poll-ms=100", "--metrics-address=127.0.0.1:0"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .chain([format!("--kubeconfig={}", kubeconfig.display())])
+            .chain(
+                ["kubelet", "cdi", "vgpu", "vgpulock"]
+                    .iter()
+                    .zip(["--kubelet-dir", "--cdi-dir", "--hami-core-dir", "--lock-dir"])
+                    .map(|(d, f)| format!("{f}={}", dir.path().join(d).display())),
+            )
+            .collect();
     let mut driver = vgpu_dra_integration::ManagedProcess::spawn("driver", bin, &args, dir.path()).unwrap();
     // Several backoff rounds (200 ms, 400 ms, 800 ms, ...) pass in 4 s.
     std::thread::sleep(Duration::from_secs(4));

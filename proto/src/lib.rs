@@ -27,6 +27,11 @@ pub mod health_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
 
+/// DRA device health streaming (`v1.DRAResourceHealth`), the GA form of v1alpha1.
+pub mod health_v1 {
+    tonic::include_proto!("v1");
+}
+
 /// The service names a plugin advertises in `PluginInfo.supported_versions`: the kubelet wants
 /// `<proto package>.<service>` with the package's last element only.
 pub mod service_names {
@@ -36,6 +41,8 @@ pub mod service_names {
     pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
     /// DRA health v1alpha1.
     pub const HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
+    /// DRA health v1.
+    pub const HEALTH_V1: &str = "v1.DRAResourceHealth";
     /// The plugin type string for DRA drivers.
     pub const PLUGIN_TYPE_DRA: &str = "DRAPlugin";
 }

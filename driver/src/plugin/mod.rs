@@ -5,6 +5,7 @@
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
+pub mod health;
 pub mod service;
 pub mod state;
 pub mod toolkit;
@@ -16,8 +17,9 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 use vgpu_dra_proto::registration::registration_server::RegistrationServer;
-use vgpu_dra_proto::{dra_v1, dra_v1beta1};
+use vgpu_dra_proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
 
+use self::health::HealthService;
 use self::service::{DraService, Registrar};
 use self::state::State;
 
@@ -56,6 +58,7 @@ pub async fn serve(
     paths: &Paths,
     driver: &str,
     state: Arc<State>,
+    health: HealthService,
     registered: Arc<AtomicBool>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -69,6 +72,8 @@ pub async fn serve(
     let dra_server = tonic::transport::Server::builder()
         .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(service.clone()))
         .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(service))
+        .add_service(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()))
+        .add_service(health_v1::dra_resource_health_server::DraResourceHealthServer::new(health))
         .serve_with_incoming_shutdown(dra, cancel.clone().cancelled_owned());
     // Register only once the service answers, so the kubelet's first call finds it.
     let reg = crate::uds::bind(&paths.registration_socket)

@@ -32,7 +32,12 @@ impl Registration for Registrar {
             r#type: service_names::PLUGIN_TYPE_DRA.into(),
             name: self.driver.clone(),
             endpoint: self.endpoint.clone(),
-            supported_versions: vec![service_names::DRA_V1.into(), service_names::DRA_V1BETA1.into()],
+            supported_versions: vec![
+                service_names::DRA_V1.into(),
+                service_names::DRA_V1BETA1.into(),
+                service_names::HEALTH_V1ALPHA1.into(),
+                service_names::HEALTH_V1.into(),
+            ],
         }))
     }
 
@@ -70,13 +75,22 @@ impl DraService {
                     Ok(u) => state
                         .prepare(&ClaimRef { namespace: namespace.clone(), name: name.clone(), uid: u })
                         .await
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                        .map_err(|e| (e.reason(), e.to_string())),
+                    Err(e) => Err(("invalid_claim", e.to_string())),
                 };
-                let took_ms = started.elapsed().as_secs_f64() * 1000.0;
+                let took = started.elapsed().as_secs_f64();
+                if let Some(m) = state.metrics() {
+                    let label = if result.is_ok() { "ok" } else { "error" };
+                    m.prepare_seconds.get_or_create(&vec![("result".to_owned(), label.to_owned())]).observe(took);
+                    if let Err((reason, _)) = &result {
+                        m.prepare_errors.get_or_create(&vec![("reason".to_owned(), (*reason).to_owned())]).inc();
+                    }
+                }
+                let result = result.map_err(|(_, e)| e);
+                let took_ms = took * 1000.0;
                 match &result {
                     Ok(devs) => {
-                        let devices: Vec<&str> = devs.iter().map(|d| d.device.as_str()).collect();
+                        let devices: Vec<String> = devs.iter().map(|d| format!("{}({})", d.device, d.consumed)).collect();
                         tracing::info!(claim = %format!("{namespace}/{name}"), %uid, ?devices, took_ms, "prepared");
                     }
                     Err(e) => tracing::warn!(claim = %format!("{namespace}/{name}"), %uid, error = %e, took_ms, "prepare failed"),
@@ -90,6 +104,7 @@ impl DraService {
     async fn unprepare_all(&self, uids: Vec<String>) -> HashMap<String, String> {
         let mut out = HashMap::new();
         for uid in uids {
+            let started = Instant::now();
             let error = match Uid::new(uid.clone()) {
                 Ok(u) => match self.state.unprepare(&u).await {
                     Ok(()) => {
@@ -101,6 +116,12 @@ impl DraService {
                 // Nothing can have been prepared under an invalid UID.
                 Err(_) => String::new(),
             };
+            if let Some(m) = self.state.metrics() {
+                let label = if error.is_empty() { "ok" } else { "error" };
+                m.unprepare_seconds
+                    .get_or_create(&vec![("result".to_owned(), label.to_owned())])
+                    .observe(started.elapsed().as_secs_f64());
+            }
             out.insert(uid, error);
         }
         out

@@ -30,6 +30,8 @@ pub struct PreparedDevice {
     pub cdi_ids: Vec<String>,
     /// Share ID.
     pub share_id: Option<String>,
+    /// What the share consumes, for the log line: `memory=4Gi,cores=50,shares=1`.
+    pub consumed: String,
 }
 
 /// Why one claim failed; the text goes to the kubelet in that claim's `error`.
@@ -58,6 +60,20 @@ pub enum PrepareError {
     /// Writing state failed.
     #[error("{0}")]
     Storage(String),
+}
+
+impl PrepareError {
+    /// A short reason for metrics labels.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Claim(_) => "invalid_claim",
+            Self::NotFound(_) => "not_found",
+            Self::Api { .. } => "api",
+            Self::Admit(_) => "over_capacity",
+            Self::Discovery(_) => "discovery",
+            Self::Storage(_) => "storage",
+        }
+    }
 }
 
 impl From<vgpu_scheduling::AdmitError> for PrepareError {
@@ -96,6 +112,7 @@ pub struct State {
     inner: Mutex<Inner>,
     claims: Option<kube::Client>,
     cache: Option<kube::runtime::reflector::Store<ResourceClaim>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
     source: Arc<dyn DeviceSource>,
     config: SharingConfig,
     node: String,
@@ -140,6 +157,7 @@ impl State {
             inner: Mutex::new(Inner { ledger: Ledger::default(), prepared, checkpoint, specs: spec_dir, cdi }),
             claims: client,
             cache: None,
+            metrics: None,
             source,
             config,
             node,
@@ -156,6 +174,18 @@ impl State {
         self
     }
 
+    /// Records prepare and unprepare figures in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The metrics, when configured.
+    pub fn metrics(&self) -> Option<&crate::metrics::Metrics> {
+        self.metrics.as_deref()
+    }
+
     /// Makes the process abort at `point` (tests of crash recovery).
     #[must_use]
     pub fn with_fail_point(mut self, point: Option<FailPoint>) -> Self {
@@ -163,7 +193,11 @@ impl State {
         self
     }
 
-    fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
+    /// The devices this node publishes now, from a fresh inventory read.
+    ///
+    /// # Errors
+    /// When discovery fails.
+    pub fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
         let inventory = self.source.inventory().map_err(|e| PrepareError::Discovery(e.to_string()))?;
         Ok(publish(&inventory, &self.config))
     }
@@ -381,6 +415,7 @@ fn answer(cdi: &CdiOptions, published: &[PublishedDevice], node: &str, entry: &P
                 pool: node.to_owned(),
                 device: d.device.to_string(),
                 cdi_ids: id.into_iter().chain(toolkit_id).collect(),
+                consumed: d.consumption.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
                 share_id: d.share_id.as_ref().map(ToString::to_string),
             }
         })

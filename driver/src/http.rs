@@ -1,0 +1,97 @@
+//! The HTTP endpoints: `/metrics`, `/healthz` (the process and its gRPC sockets answer) and
+//! `/readyz` (also registered with the kubelet and slices published).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State as AxumState;
+use axum::http::StatusCode;
+use axum::routing::get;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::plugin::state::State;
+
+/// What the probes look at.
+#[derive(Clone)]
+pub struct Probes {
+    /// The kubelet accepted the registration.
+    pub registered: Arc<AtomicBool>,
+    /// The pool has been published once.
+    pub published: Arc<AtomicBool>,
+    /// Sockets that must accept connections.
+    pub sockets: Vec<PathBuf>,
+}
+
+#[derive(Clone)]
+struct Shared {
+    probes: Probes,
+    metrics: Arc<Metrics>,
+    state: Arc<State>,
+}
+
+async fn sockets_answer(probes: &Probes) -> Result<(), String> {
+    for s in &probes.sockets {
+        match tokio::time::timeout(Duration::from_secs(1), tokio::net::UnixStream::connect(s)).await {
+            Ok(Ok(_)) => {}
+            _ => return Err(format!("socket {} does not answer", s.display())),
+        }
+    }
+    Ok(())
+}
+
+async fn healthz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
+    match sockets_answer(&s.probes).await {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
+    }
+}
+
+async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
+    let mut missing = Vec::new();
+    if let Err(e) = sockets_answer(&s.probes).await {
+        missing.push(e);
+    }
+    if !s.probes.registered.load(Ordering::SeqCst) {
+        missing.push("not registered with the kubelet".into());
+    }
+    if !s.probes.published.load(Ordering::SeqCst) {
+        missing.push("ResourceSlices not published yet".into());
+    }
+    if missing.is_empty() {
+        (StatusCode::OK, "ok\n".into())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, missing.join("\n") + "\n")
+    }
+}
+
+async fn metrics(AxumState(s): AxumState<Shared>) -> ([(&'static str, &'static str); 1], String) {
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render(&s.state).await)
+}
+
+/// Serves the endpoints on `address` until `cancel`.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve(
+    address: SocketAddr,
+    probes: Probes,
+    metrics_: Arc<Metrics>,
+    state: Arc<State>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let shared = Shared { probes, metrics: metrics_, state };
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(shared);
+    let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("binding {address}: {e}"))?;
+    tracing::info!(%address, "metrics and probes listening");
+    axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await?;
+    Ok(())
+}
