@@ -16,6 +16,9 @@ const MAX_MIG_SCAN: u32 = 8;
 /// The NVML device source; holds the loaded library.
 pub struct NvmlSource {
     nvml: Nvml,
+    /// The last inventory read, so a card that falls off the bus is reported unhealthy instead
+    /// of vanishing from the pool.
+    last: std::sync::Mutex<Option<Inventory>>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -30,7 +33,9 @@ impl NvmlSource {
     /// # Errors
     /// [`DiscoveryError::NvmlUnavailable`] when the library or driver is missing.
     pub fn new() -> Result<Self, DiscoveryError> {
-        Nvml::init().map(|nvml| Self { nvml }).map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
+        Nvml::init()
+            .map(|nvml| Self { nvml, last: std::sync::Mutex::new(None) })
+            .map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
     }
 }
 
@@ -64,6 +69,10 @@ impl DeviceSource for NvmlSource {
                 // A lost card is reported, not hidden: publish it unhealthy with what is known.
                 Err(NvmlError::GpuLost) => {
                     tracing::warn!(index, "GPU is lost (fell off the bus)");
+                    if let Some(mut known) = self.last_known(index) {
+                        known.health = Health::Unhealthy;
+                        gpus.push(known);
+                    }
                     continue;
                 }
                 Err(e) => return Err(DiscoveryError::Nvml { what: "device handle", reason: describe(&e) }),
@@ -89,7 +98,17 @@ impl DeviceSource for NvmlSource {
                 health: Health::Healthy,
             });
         }
-        Ok(Inventory { driver_version, cuda_driver_version: (cuda_major, cuda_minor), gpus })
+        let inventory = Inventory { driver_version, cuda_driver_version: (cuda_major, cuda_minor), gpus };
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(inventory.clone());
+        }
+        Ok(inventory)
+    }
+}
+
+impl NvmlSource {
+    fn last_known(&self, index: u32) -> Option<Gpu> {
+        self.last.lock().ok()?.as_ref()?.gpus.iter().find(|g| g.index == index).cloned()
     }
 }
 
