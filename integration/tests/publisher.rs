@@ -7,6 +7,10 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+
+mod common;
+
+use common::claim_on;
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually, start_driver};
 
 const DRIVER: &str = "hami-core-gpu.project-hami.io";
@@ -27,45 +31,6 @@ fn inventory(cards: &[(&str, u64)]) -> String {
 fn slices(kubectl: &Kubectl, node: &str) -> anyhow::Result<Vec<Value>> {
     let list = kubectl.get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={node}")])?;
     Ok(list["items"].as_array().cloned().unwrap_or_default())
-}
-
-fn device_class() -> &'static str {
-    r#"apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: hami-core-gpu.project-hami.io}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "hami-core-gpu.project-hami.io" && device.attributes["hami-core-gpu.project-hami.io"].type == "hami-gpu"
-"#
-}
-
-fn claim_and_pod(name: &str, node: &str, memory: &str, cores: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: hami-core-gpu.project-hami.io
-        capacity:
-          requests: {{memory: "{memory}", cores: "{cores}"}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
-  containers:
-  - name: main
-    image: registry.invalid/none
-    resources: {{claims: [{{name: gpu}}]}}
-"#
-    )
 }
 
 fn assert_unschedulable(kubectl: &Kubectl, name: &str) -> anyhow::Result<()> {
@@ -120,10 +85,9 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     assert_eq!(slice["spec"]["pool"]["generation"], 1);
 
     // The 003 scenario: two 4Gi/50 shares fit, the third waits for cores.
-    kubectl.apply(device_class())?;
     let mut shares = Vec::new();
     for name in ["w1", "w2"] {
-        kubectl.apply(&claim_and_pod(name, node, "4Gi", "50"))?;
+        kubectl.apply(&claim_on(name, node, "4Gi", "50"))?;
         let result = plane.wait_allocated("default", name, Duration::from_secs(30))?;
         assert_eq!(result["device"], "hami-gpu-0");
         assert_eq!(result["consumedCapacity"]["memory"], "4Gi");
@@ -132,7 +96,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         shares.push(result["shareID"].as_str().unwrap_or_default().to_owned());
     }
     assert_ne!(shares[0], shares[1]);
-    kubectl.apply(&claim_and_pod("w3", node, "4Gi", "50"))?;
+    kubectl.apply(&claim_on("w3", node, "4Gi", "50"))?;
     assert_unschedulable(&kubectl, "w3")?;
 
     // A kubelet-style wipe: the slices are back within 5 s.
@@ -192,13 +156,12 @@ fn split_count_bounds_the_shares_of_a_card() {
             driver.check_running()?;
             Ok(slices(&kubectl, node)?.into_iter().next())
         })?;
-        kubectl.apply(device_class())?;
         for name in ["s1", "s2"] {
-            kubectl.apply(&claim_and_pod(name, node, "4Gi", "20"))?;
+            kubectl.apply(&claim_on(name, node, "4Gi", "20"))?;
             plane.wait_allocated("default", name, Duration::from_secs(30))?;
         }
         // Memory and cores are left, but the card holds no more than two shares.
-        kubectl.apply(&claim_and_pod("s3", node, "1Gi", "1"))?;
+        kubectl.apply(&claim_on("s3", node, "1Gi", "1"))?;
         assert_unschedulable(&kubectl, "s3")
     };
     if let Err(e) = run(&mut plane) {

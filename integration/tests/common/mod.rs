@@ -54,6 +54,12 @@ pub fn claim_and_pod(name: &str) -> String {
 }
 
 pub fn claim_with(name: &str, memory: &str, cores: &str) -> String {
+    claim_on(name, NODE, memory, cores)
+}
+
+/// A claim asking `memory` and `cores` of one card, a pod on `node` using it, and HAMi's
+/// DeviceClass.
+pub fn claim_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
     format!(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -71,7 +77,7 @@ apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: default}}
 spec:
-  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  nodeSelector: {{kubernetes.io/hostname: {node}}}
   resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
   containers:
   - name: main
