@@ -282,15 +282,9 @@ pub fn prepare_preview(args: &PreparePreviewArgs, out: &mut dyn Write) -> anyhow
     let devices =
         devices_of(&claim, &want, &config.driver_name, &args.node_name, &published).map_err(|e| UsageError(e.to_string()))?;
     let options = CdiOptions {
-        kind: cdi_spec::Kind::new(&format!("k8s.{}", config.driver_name), "claim")?,
-        libvgpu: args.hami_core_dir.join("libvgpu.so"),
-        preload: args.hami_core_dir.join("ld.so.preload"),
-        claims_root: args.hami_core_dir.join("claims"),
-        lock_dir: "/tmp/vgpulock".into(),
-        dev_root: "/dev".into(),
         synthesize_nodes: true,
         limits: vgpu_scheduling::LimitOptions { oversubscribed: !config.memory_scaling.is_one(), ..Default::default() },
-        toolkit_dirs: Vec::new(),
+        ..CdiOptions::for_driver(&config.driver_name, &args.hami_core_dir)?
     };
     let spec = build_spec(&options, &want, &devices, &published).map_err(|e| UsageError(e.to_string()))?;
     serde_json::to_writer_pretty(&mut *out, &spec)?;

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use cdi_spec::{Kind, SpecDir};
+use cdi_spec::SpecDir;
 use vgpu_scheduling::{LimitOptions, SharingConfig};
 
 use crate::cli::{KubeletPluginArgs, LogFormat};
@@ -148,10 +148,6 @@ async fn shutdown_signal() -> &'static str {
 /// When the driver name makes no valid CDI kind.
 pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::Result<CdiOptions> {
     Ok(CdiOptions {
-        kind: Kind::new(&format!("k8s.{}", config.driver_name), "claim")?,
-        libvgpu: args.hami_core_dir.join("libvgpu.so"),
-        preload: args.hami_core_dir.join("ld.so.preload"),
-        claims_root: args.hami_core_dir.join("claims"),
         lock_dir: args.lock_dir.clone(),
         dev_root: args.dev_root.clone(),
         synthesize_nodes: args.source.mock_gpus.is_some() || args.source.mock_inventory.is_some(),
@@ -162,6 +158,7 @@ pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::
         },
         // The toolkit writes to /etc/cdi or /var/run/cdi; ours go to --cdi-dir.
         toolkit_dirs: vec!["/etc/cdi".into(), args.cdi_dir.clone()],
+        ..CdiOptions::for_driver(&config.driver_name, &args.hami_core_dir)?
     })
 }
 

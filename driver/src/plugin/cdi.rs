@@ -39,6 +39,29 @@ pub struct CdiOptions {
     pub toolkit_dirs: Vec<PathBuf>,
 }
 
+impl CdiOptions {
+    /// The options for `driver` with HAMi-core installed in `hami_core_dir`: the one place that
+    /// knows the kind's form and where the library, the preload file and the claim directories
+    /// live. Device nodes are read from `/dev`, the lock is `/tmp/vgpulock`; no toolkit specs are
+    /// looked for and no HAMi-core knobs are set until the caller says so.
+    ///
+    /// # Errors
+    /// [`NameError`] when the driver name makes no valid CDI kind.
+    pub fn for_driver(driver: &vgpu_scheduling::DriverName, hami_core_dir: &Path) -> Result<Self, NameError> {
+        Ok(Self {
+            kind: Kind::new(&format!("k8s.{driver}"), "claim")?,
+            libvgpu: hami_core_dir.join("libvgpu.so"),
+            preload: hami_core_dir.join("ld.so.preload"),
+            claims_root: hami_core_dir.join("claims"),
+            lock_dir: PathBuf::from("/tmp/vgpulock"),
+            dev_root: PathBuf::from("/dev"),
+            synthesize_nodes: false,
+            limits: LimitOptions::default(),
+            toolkit_dirs: Vec::new(),
+        })
+    }
+}
+
 /// Failures building a spec.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
