@@ -169,11 +169,11 @@ async fn prepare_host(cdi: &CdiOptions) -> anyhow::Result<()> {
         tokio::fs::create_dir_all(dir).await.with_context(|| format!("creating {}", dir.display()))?;
     }
     if tokio::fs::metadata(&cdi.preload).await.is_err() {
-        let dir = cdi.preload.parent().unwrap_or(std::path::Path::new("/"));
-        let body = format!("{}\n", cdi.libvgpu.display());
-        let tmp = dir.join(".ld.so.preload.tmp");
-        tokio::fs::write(&tmp, body).await.with_context(|| format!("writing {}", tmp.display()))?;
-        tokio::fs::rename(&tmp, &cdi.preload).await.with_context(|| format!("creating {}", cdi.preload.display()))?;
+        let (preload, body) = (cdi.preload.clone(), format!("{}\n", cdi.libvgpu.display()));
+        tokio::task::spawn_blocking(move || {
+            crate::fsutil::write_atomically(&preload, body.as_bytes()).with_context(|| format!("creating {}", preload.display()))
+        })
+        .await??;
     }
     if tokio::fs::metadata(&cdi.libvgpu).await.is_err() {
         tracing::warn!(path = %cdi.libvgpu.display(), "HAMi-core library not found; containers of prepared claims cannot start until it is installed");

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
+pub mod fsutil;
 pub mod http;
 pub mod metrics;
 pub mod plugin;

@@ -3,8 +3,8 @@
 //! a reason to crash-loop.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -105,15 +105,9 @@ impl Checkpoint {
     /// [`CheckpointError::Io`]; the previous file is unchanged.
     pub fn save(&self, claims: &BTreeMap<Uid, PreparedClaim>) -> Result<(), CheckpointError> {
         let io_err = |source| CheckpointError::Io { path: self.path.clone(), source };
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        fs::create_dir_all(dir).map_err(io_err)?;
         let file = File1 { version: VERSION, checksum: checksum(claims), claims: claims.clone() };
         let body = serde_json::to_vec_pretty(&file).map_err(|e| io_err(io::Error::other(e)))?;
-        let mut tmp = tempfile::Builder::new().prefix(".checkpoint-").tempfile_in(dir).map_err(io_err)?;
-        tmp.write_all(&body).map_err(io_err)?;
-        tmp.as_file().sync_all().map_err(io_err)?;
-        tmp.persist(&self.path).map_err(|e| io_err(e.error))?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io_err)
+        crate::fsutil::write_atomically(&self.path, &body).map_err(io_err)
     }
 
     /// Moves a corrupt file aside (kept for inspection) so a fresh one can be written.
