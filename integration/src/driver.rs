@@ -33,22 +33,43 @@ fn build() -> anyhow::Result<PathBuf> {
     Ok(target.join("debug/vgpu-dra"))
 }
 
+/// The stand-in for `node`'s host file system that [`start_driver`] points a driver at unless told
+/// otherwise: `kubelet/`, `cdi/`, `vgpu/` and `vgpulock/` under it.
+pub fn node_host_dir(plane: &ControlPlane, node: &str) -> PathBuf {
+    plane.dir().join(format!("host-{node}"))
+}
+
 /// Starts `vgpu-dra kubelet-plugin` for `node` against `plane` with extra `args`; logs go to
 /// `<plane dir>/<name>.log` and are printed if the test fails.
 ///
 /// # Errors
 /// When the binary cannot be built or started.
 pub fn start_driver(plane: &ControlPlane, name: &str, node: &str, args: &[&str]) -> anyhow::Result<ManagedProcess> {
+    start_driver_as(plane, plane.kubeconfig(), name, node, args)
+}
+
+/// [`start_driver`] with another identity: `kubeconfig` instead of the plane's admin one (for
+/// example a service-account token, to test what the chart's RBAC allows).
+///
+/// # Errors
+/// When the binary cannot be built or started.
+pub fn start_driver_as(
+    plane: &ControlPlane,
+    kubeconfig: &Path,
+    name: &str,
+    node: &str,
+    args: &[&str],
+) -> anyhow::Result<ManagedProcess> {
     let mut full = vec![
         "kubelet-plugin".to_owned(),
         format!("--node-name={node}"),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--kubeconfig={}", kubeconfig.display()),
         "--inventory-poll-ms=200".to_owned(),
     ];
     full.extend(args.iter().map(|a| (*a).to_owned()));
     // Several drivers run at once in tests: never the fixed default port, and never the host's
     // kubelet, CDI or HAMi-core directories.
-    let own = plane.dir().join(format!("host-{node}"));
+    let own = node_host_dir(plane, node);
     for (flag, default) in [
         ("--metrics-address", "127.0.0.1:0".to_owned()),
         ("--kubelet-dir", own.join("kubelet").display().to_string()),

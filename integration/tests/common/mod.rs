@@ -2,6 +2,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod chart;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

@@ -1,0 +1,22 @@
+# The vgpu-dra driver image. No image is built in this repository's CI (no container engine);
+# the chart takes any image through image.repository and image.tag.
+#
+#   docker build -t vgpu-dra:dev .
+#
+# The binary is not static on purpose: NVML (libnvidia-ml.so.1) is loaded at run time with
+# dlopen, which a static musl binary cannot do with the host's glibc-built driver library. The
+# base therefore carries glibc and nothing else; the NVIDIA runtime mounts the library.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p vgpu-dra --bin vgpu-dra \
+ && strip target/release/vgpu-dra
+
+FROM gcr.io/distroless/cc-debian12:nonroot AS runtime
+COPY --from=build /src/target/release/vgpu-dra /usr/bin/vgpu-dra
+# The driver writes the kubelet's plugin directories, CDI specs and HAMi-core's host files,
+# all root-owned host paths.
+USER 0:0
+ENTRYPOINT ["/usr/bin/vgpu-dra"]
+CMD ["kubelet-plugin"]

@@ -1,0 +1,110 @@
+//! The Helm chart as a cluster sees it: helm against the test plane, and the driver run the way
+//! the chart's DaemonSet runs it (its arguments and config file as the API server holds them, the
+//! identity of a DaemonSet pod bound to the node), since no kubelet starts real pods here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use serde_json::{Value, json};
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, start_driver_as, write_kubeconfig};
+
+/// The chart in this repository.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/vgpu-dra")
+}
+
+/// Runs the test bed's helm against `plane` with `args`; `Err` carries helm's stderr.
+pub fn helm(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+    let home = plane.dir().join("helm-home");
+    let out = Command::new(&plane.components().helm)
+        .args(args)
+        .env("KUBECONFIG", plane.kubeconfig())
+        // helm keeps caches and repositories under these; never the user's.
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .stdin(Stdio::null())
+        .output()
+        .context("running helm")?;
+    if !out.status.success() {
+        bail!("helm {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Flags the DaemonSet sets to host paths (and the host port) that a test replaces with its own.
+const HOST_FLAGS: [&str; 5] = ["--kubelet-dir=", "--cdi-dir=", "--hami-core-dir=", "--lock-dir=", "--metrics-address="];
+
+/// A driver started as a pod of the chart's DaemonSet on one node.
+pub struct DaemonSetPod {
+    /// The driver process.
+    pub process: ManagedProcess,
+    /// The kubeconfig with the pod's bound service-account token.
+    pub kubeconfig: PathBuf,
+    /// The arguments the DaemonSet gave, as the driver got them.
+    pub args: Vec<String>,
+}
+
+/// Starts the driver for `node` as DaemonSet `namespace/daemonset` would: a Pod of its service
+/// account bound to `node` (so its token names the node), that token, the container's arguments
+/// and the ConfigMap's file. Host paths and the port become the test's own; `extra` is added.
+pub fn run_as_daemonset_pod(
+    plane: &ControlPlane,
+    namespace: &str,
+    daemonset: &str,
+    node: &str,
+    extra: &[&str],
+) -> anyhow::Result<DaemonSetPod> {
+    let kubectl = plane.kubectl();
+    let ds = kubectl.get_json(&["daemonset", daemonset, "-n", namespace])?;
+    let pod_spec = &ds["spec"]["template"]["spec"];
+    let sa = pod_spec["serviceAccountName"].as_str().context("DaemonSet names no service account")?;
+    let container = &pod_spec["containers"][0];
+    let config_map = pod_spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find_map(|v| v["configMap"]["name"].as_str()))
+        .context("DaemonSet mounts no ConfigMap")?;
+    let cm = kubectl.get_json(&["configmap", config_map, "-n", namespace])?;
+    let config = plane.dir().join(format!("{daemonset}-{node}-config.yaml"));
+    std::fs::write(&config, cm["data"]["config.yaml"].as_str().context("ConfigMap has no config.yaml")?)?;
+
+    let pod_name = format!("{daemonset}-{node}");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": ds["spec"]["template"]["metadata"]["labels"]},
+        "spec": {"serviceAccountName": sa, "nodeName": node,
+                 "containers": [{"name": "driver", "image": container["image"]}]}});
+    kubectl.apply(&pod.to_string())?;
+    let uid = kubectl.run(&["get", "pod", &pod_name, "-n", namespace, "-o", "jsonpath={.metadata.uid}"])?;
+    let token = kubectl.run(&[
+        "create",
+        "token",
+        sa,
+        "-n",
+        namespace,
+        "--bound-object-kind=Pod",
+        &format!("--bound-object-name={pod_name}"),
+        &format!("--bound-object-uid={}", uid.trim()),
+        "--duration=2h",
+    ])?;
+    let kubeconfig = plane.dir().join(format!("{pod_name}.kubeconfig"));
+    write_kubeconfig(&kubeconfig, plane.server(), token.trim())?;
+
+    let given: Vec<String> = container["args"]
+        .as_array()
+        .context("driver container has no args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    anyhow::ensure!(given.first().map(String::as_str) == Some("kubelet-plugin"), "DaemonSet runs {given:?}");
+    let mut args: Vec<String> = given[1..]
+        .iter()
+        .filter(|a| !HOST_FLAGS.iter().any(|f| a.starts_with(f)))
+        .map(|a| if a.starts_with("--config=") { format!("--config={}", config.display()) } else { a.clone() })
+        .collect();
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let process = start_driver_as(plane, &kubeconfig, &pod_name, node, &refs)?;
+    Ok(DaemonSetPod { process, kubeconfig, args: given })
+}
