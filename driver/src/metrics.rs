@@ -29,6 +29,9 @@ pub struct Metrics {
     hami_memory_allocated: Family<Labels, FloatGauge>,
     hami_core_limit: Family<Labels, FloatGauge>,
     hami_core_allocated: Family<Labels, FloatGauge>,
+    claim_allocated: Family<Labels, FloatGauge>,
+    hami_vgpu_memory: Family<Labels, FloatGauge>,
+    hami_vgpu_core: Family<Labels, FloatGauge>,
     /// Prepare latency by result (`ok`, `error`).
     pub prepare_seconds: Family<Labels, Histogram>,
     /// Unprepare latency by result.
@@ -59,6 +62,9 @@ impl Metrics {
             hami_memory_allocated: Family::default(),
             hami_core_limit: Family::default(),
             hami_core_allocated: Family::default(),
+            claim_allocated: Family::default(),
+            hami_vgpu_memory: Family::default(),
+            hami_vgpu_core: Family::default(),
             prepare_seconds: Family::new_with_constructor(histogram),
             unprepare_seconds: Family::new_with_constructor(histogram),
             prepare_errors: Family::default(),
@@ -91,6 +97,21 @@ impl Metrics {
             m.hami_core_allocated.clone(),
         );
         registry.register(
+            "vgpu_dra_claim_allocated",
+            "Capacity one prepared claim takes of a device, with the pod it is reserved for",
+            m.claim_allocated.clone(),
+        );
+        registry.register(
+            "hami_dra_vgpu_memory_allocated_bytes",
+            "HAMi DRA compatible: memory allocated to a pod's share of a device",
+            m.hami_vgpu_memory.clone(),
+        );
+        registry.register(
+            "hami_dra_vgpu_core_allocated_ratio",
+            "HAMi DRA compatible: cores allocated to a pod's share of a device, 1 = one card",
+            m.hami_vgpu_core.clone(),
+        );
+        registry.register(
             "vgpu_dra_prepare_duration_seconds",
             "NodePrepareResources latency per claim",
             m.prepare_seconds.clone(),
@@ -118,9 +139,13 @@ impl Metrics {
             &self.hami_memory_allocated,
             &self.hami_core_limit,
             &self.hami_core_allocated,
+            &self.claim_allocated,
+            &self.hami_vgpu_memory,
+            &self.hami_vgpu_core,
         ] {
             f.clear();
         }
+        let shares = state.shares().await;
         for d in state.published().unwrap_or_default() {
             let index = match d.attributes.get("index") {
                 Some(Attribute::Int(i)) => i.to_string(),
@@ -157,6 +182,23 @@ impl Metrics {
             self.hami_memory_allocated.get_or_create(&hami).set(value(used.and_then(|u| u.get(CAPACITY_MEMORY))));
             self.hami_core_limit.get_or_create(&hami).set(value(d.capacity.get(CAPACITY_CORES).map(|c| &c.value)) / 100.0);
             self.hami_core_allocated.get_or_create(&hami).set(value(used.and_then(|u| u.get(CAPACITY_CORES))) / 100.0);
+            for share in shares.iter().filter(|s| s.device == d.name) {
+                let pod = share.pod.clone().unwrap_or_default();
+                for name in [CAPACITY_MEMORY, CAPACITY_CORES, CAPACITY_SHARES] {
+                    let mut l = base.clone();
+                    l.extend([
+                        ("capacity".to_owned(), name.to_owned()),
+                        ("namespace".to_owned(), share.claim.namespace.clone()),
+                        ("claim".to_owned(), share.claim.name.clone()),
+                        ("pod".to_owned(), pod.clone()),
+                    ]);
+                    self.claim_allocated.get_or_create(&l).set(value(share.consumption.get(name)));
+                }
+                let mut l = hami.clone();
+                l.extend([("pod_name".to_owned(), pod), ("pod_namespace".to_owned(), share.claim.namespace.clone())]);
+                self.hami_vgpu_memory.get_or_create(&l).set(value(share.consumption.get(CAPACITY_MEMORY)));
+                self.hami_vgpu_core.get_or_create(&l).set(value(share.consumption.get(CAPACITY_CORES)) / 100.0);
+            }
         }
         self.encode()
     }
@@ -194,5 +236,51 @@ mod tests {
         ] {
             assert!(text.contains(name), "{name} missing:\n{text}");
         }
+    }
+
+    /// docs/metrics.md lists exactly the families the driver registers, under the names a query
+    /// uses (counters with `_total`).
+    #[test]
+    fn metrics_doc_lists_every_family() {
+        let m = Metrics::new("n1".into());
+        let l = labels(&[("x", "y")]);
+        for f in [
+            &m.capacity,
+            &m.allocated,
+            &m.healthy,
+            &m.hami_memory_limit,
+            &m.hami_memory_allocated,
+            &m.hami_core_limit,
+            &m.hami_core_allocated,
+            &m.claim_allocated,
+            &m.hami_vgpu_memory,
+            &m.hami_vgpu_core,
+        ] {
+            f.get_or_create(&l).set(1.0);
+        }
+        m.prepared.set(1);
+        m.prepare_seconds.get_or_create(&l).observe(0.001);
+        m.unprepare_seconds.get_or_create(&l).observe(0.001);
+        for c in [&m.prepare_errors, &m.slice_writes, &m.watch_restarts] {
+            c.get_or_create(&l).inc();
+        }
+        let exposed: std::collections::BTreeSet<String> = m
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| match l.split_once(' ') {
+                Some((name, "counter")) => format!("{name}_total"),
+                Some((name, _)) => name.to_owned(),
+                None => l.to_owned(),
+            })
+            .collect();
+        let doc = include_str!("../../docs/metrics.md");
+        let documented: std::collections::BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(name, _)| name.to_owned()))
+            .filter(|n| !n.starts_with('/'))
+            .collect();
+        assert_eq!(exposed, documented, "docs/metrics.md and the registry differ");
     }
 }

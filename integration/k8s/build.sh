@@ -17,6 +17,8 @@ export CGO_ENABLED=0
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
+# Kueue for the quota docs: its CRDs and a decoder of its manager Configuration.
+KUEUE_VERSION="${KUEUE_VERSION:-v0.18.1}"
 CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -31,6 +33,8 @@ staging_version() {
 k8s_bin="$CACHE/kubernetes-$K8S_VERSION"
 etcd_bin="$CACHE/etcd-$ETCD_VERSION"
 helm_bin="$CACHE/helm-$HELM_VERSION"
+kueue_hash="$( (cd "$HERE/kueue" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
+kueue_bin="$CACHE/kueue-$KUEUE_VERSION-$kueue_hash"
 # Our own Go tools change with the repository: key them by their source as well as the release.
 tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go release/*/*.go) | sha256sum | cut -c1-16)"
 tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
@@ -140,11 +144,28 @@ build_helm() {
 	rm -rf "$helm_bin" && mv "$helm_bin.tmp" "$helm_bin"
 }
 
+build_kueue() {
+	have_all "$kueue_bin" kueue-check && [[ -d "$kueue_bin/crds" ]] && return
+	log "building kueue-check against Kueue $KUEUE_VERSION"
+	find "$CACHE" -maxdepth 1 -name "kueue-$KUEUE_VERSION-*" ! -name "$(basename "$kueue_bin")" -exec rm -rf {} +
+	local src="$CACHE/src/kueue-$KUEUE_VERSION" dir
+	rm -rf "$src" && mkdir -p "$src"
+	sed "s/@KUEUE_VERSION@/$KUEUE_VERSION/" "$HERE/kueue/go.mod.in" >"$src/go.mod"
+	cp "$HERE/kueue/main.go" "$src/"
+	mkdir -p "$kueue_bin.tmp/crds"
+	(cd "$src" && go mod tidy >&2 && go build -trimpath -ldflags "-s -w" -o "$kueue_bin.tmp/kueue-check" . >&2)
+	# The CRDs Kueue installs, from the same module release.
+	dir="$(cd "$src" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+	cp "$dir"/config/components/crd/bases/*.yaml "$kueue_bin.tmp/crds/"
+	rm -rf "$kueue_bin" && mv "$kueue_bin.tmp" "$kueue_bin"
+}
+
 mkdir -p "$CACHE"
 start=$SECONDS
 build_etcd
 build_kubernetes
 build_helm
+build_kueue
 log "components ready in $((SECONDS - start)) s (cache: $CACHE)"
 
 for name in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
@@ -154,3 +175,5 @@ echo "etcd=$etcd_bin/etcd"
 echo "helm=$helm_bin/helm"
 echo "kubelet-sim=$tools_bin/kubelet-sim"
 echo "cdi-check=$tools_bin/cdi-check"
+echo "kueue-check=$kueue_bin/kueue-check"
+echo "kueue-crds=$kueue_bin/crds"

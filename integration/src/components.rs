@@ -26,10 +26,24 @@ pub struct Components {
     pub kubelet_sim: PathBuf,
     /// The reference CDI library, as a command-line checker.
     pub cdi_check: PathBuf,
+    /// Kueue's own decoder of its manager Configuration.
+    pub kueue_check: PathBuf,
+    /// The directory of Kueue's CRDs, from the same release.
+    pub kueue_crds: PathBuf,
 }
 
-const NAMES: [&str; 8] =
-    ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kubectl", "helm", "kubelet-sim", "cdi-check"];
+const NAMES: [&str; 10] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kubectl",
+    "helm",
+    "kubelet-sim",
+    "cdi-check",
+    "kueue-check",
+    "kueue-crds",
+];
 
 /// The components, found or built once per test process.
 ///
@@ -50,14 +64,26 @@ fn locate() -> anyhow::Result<Components> {
     if paths.len() != NAMES.len() {
         paths = build()?;
     }
-    for p in &paths {
-        if !p.is_file() {
-            bail!("{} does not exist", p.display());
+    for (name, p) in NAMES.iter().zip(&paths) {
+        let present = if name.ends_with("-crds") { p.is_dir() } else { p.is_file() };
+        if !present {
+            bail!("{name}: {} does not exist", p.display());
         }
     }
-    let [etcd, kube_apiserver, kube_scheduler, kube_controller_manager, kubectl, helm, kubelet_sim, cdi_check]: [PathBuf; 8] =
+    let [etcd, kube_apiserver, kube_scheduler, kube_controller_manager, kubectl, helm, kubelet_sim, cdi_check, kueue_check, kueue_crds]: [PathBuf; 10] =
         paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
-    Ok(Components { etcd, kube_apiserver, kube_scheduler, kube_controller_manager, kubectl, helm, kubelet_sim, cdi_check })
+    Ok(Components {
+        etcd,
+        kube_apiserver,
+        kube_scheduler,
+        kube_controller_manager,
+        kubectl,
+        helm,
+        kubelet_sim,
+        cdi_check,
+        kueue_check,
+        kueue_crds,
+    })
 }
 
 fn build() -> anyhow::Result<Vec<PathBuf>> {

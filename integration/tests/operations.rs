@@ -72,6 +72,19 @@ fn metrics_health_and_probes() {
     assert_eq!(metric(&text, "hami_dra_gpu_memory_limit_bytes"), Some(16_106_127_360.0), "{text}");
     assert_eq!(metric(&text, "hami_dra_gpu_core_allocated_ratio"), Some(1.0), "{text}");
     assert!(text.contains("vgpu_dra_prepared_claims 2"), "{text}");
+    // Per pod: each share under the pod the scheduler reserved the claim for.
+    for pod in ["m1", "m2"] {
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name) && l.contains(&format!("pod_name=\"{pod}\"")) && l.contains("pod_namespace=\"default\""))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        assert_eq!(line("hami_dra_vgpu_memory_allocated_bytes{"), Some(4_294_967_296.0), "{text}");
+        assert_eq!(line("hami_dra_vgpu_core_allocated_ratio{"), Some(0.5), "{text}");
+        let native = format!("capacity=\"cores\",namespace=\"default\",claim=\"{pod}\",pod=\"{pod}\"}} 50");
+        assert!(text.contains(&native), "{native} missing:\n{text}");
+    }
     assert!(text.contains("vgpu_dra_prepare_duration_seconds_count{result=\"ok\"} 2"), "{text}");
     assert!(text.contains("vgpu_dra_slice_writes_total{op=\"apply\",result=\"ok\"}"), "{text}");
 

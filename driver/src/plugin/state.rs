@@ -107,6 +107,19 @@ fn fail_point(configured: Option<FailPoint>, here: FailPoint) {
     }
 }
 
+/// One prepared share, as the metrics see it.
+#[derive(Debug, Clone)]
+pub struct ShareUsage {
+    /// The claim.
+    pub claim: ClaimRef,
+    /// The pod (in the claim's namespace) the claim is reserved for, when known.
+    pub pod: Option<String>,
+    /// The device the share is on.
+    pub device: DeviceName,
+    /// What the share consumes.
+    pub consumption: vgpu_scheduling::Consumption,
+}
+
 /// The plugin's state.
 pub struct State {
     inner: Mutex<Inner>,
@@ -380,6 +393,32 @@ impl State {
         let inner = self.inner.lock().await;
         let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.shares().map(|(k, _)| k.device.clone()).collect();
         devices.into_iter().map(|d| (d.clone(), inner.ledger.used(&d))).collect()
+    }
+
+    /// Every prepared share with its claim and, when the claim cache knows it, the pod the claim
+    /// is reserved for: what per-pod metrics report.
+    pub async fn shares(&self) -> Vec<ShareUsage> {
+        let prepared: Vec<PreparedClaim> = self.inner.lock().await.prepared.values().cloned().collect();
+        prepared
+            .into_iter()
+            .flat_map(|p| {
+                let pod = self.consumer_of(&p.claim);
+                p.devices.into_iter().map(move |d| ShareUsage {
+                    claim: p.claim.clone(),
+                    pod: pod.clone(),
+                    device: d.device,
+                    consumption: d.consumption,
+                })
+            })
+            .collect()
+    }
+
+    /// The pod a claim is reserved for, from the watch cache only (metrics never call the API).
+    fn consumer_of(&self, claim: &ClaimRef) -> Option<String> {
+        let key = kube::runtime::reflector::ObjectRef::new(&claim.name).within(&claim.namespace);
+        let object = self.cache.as_ref()?.get(&key)?;
+        let reserved = object.status.as_ref()?.reserved_for.as_ref()?;
+        reserved.iter().find(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty()).map(|r| r.name.clone())
     }
 
     /// How many claims are prepared.
