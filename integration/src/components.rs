@@ -70,8 +70,18 @@ fn locate() -> anyhow::Result<Components> {
             bail!("{name}: {} does not exist", p.display());
         }
     }
-    let [etcd, kube_apiserver, kube_scheduler, kube_controller_manager, kubectl, helm, kubelet_sim, cdi_check, kueue_check, kueue_crds]: [PathBuf; 10] =
-        paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
+    let [
+        etcd,
+        kube_apiserver,
+        kube_scheduler,
+        kube_controller_manager,
+        kubectl,
+        helm,
+        kubelet_sim,
+        cdi_check,
+        kueue_check,
+        kueue_crds,
+    ]: [PathBuf; 10] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
     Ok(Components {
         etcd,
         kube_apiserver,

@@ -118,11 +118,17 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     kubectl.apply(&slice_yaml("node-b-own", "node-b", DRIVER))?;
     refused(as_driver.run(&["delete", "resourceslice", "node-b-own"]), &["node-a may not write", "of node node-b"]);
     refused(
-        as_driver.apply(&slice_yaml("node-b-own", "node-b", DRIVER).replace("{name: node-b-own}", "{name: node-b-own, labels: {taken: 'yes'}}")),
+        as_driver.apply(
+            &slice_yaml("node-b-own", "node-b", DRIVER)
+                .replace("{name: node-b-own}", "{name: node-b-own, labels: {taken: 'yes'}}"),
+        ),
         &["may not write ResourceSlice node-b-own of node node-b"],
     );
     // Nor write another driver's slices on its own node.
-    refused(as_driver.apply(&slice_yaml("foreign", "node-a", "gpu.nvidia.com")), &["only ResourceSlices of driver", "gpu.nvidia.com"]);
+    refused(
+        as_driver.apply(&slice_yaml("foreign", "node-a", "gpu.nvidia.com")),
+        &["only ResourceSlices of driver", "gpu.nvidia.com"],
+    );
     // A token not bound to a pod on a node names no node, and may write nothing.
     let unbound = kubectl.run(&["create", "token", "vgpu-dra", "-n", NS])?;
     let unbound_cfg = plane.dir().join("unbound.kubeconfig");
@@ -141,7 +147,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
 fn assert_only_driver_slices(kubectl: &Kubectl) -> anyhow::Result<()> {
     let list = kubectl.get_json(&["resourceslices"])?;
-    let nodes: Vec<&str> = list["items"].as_array().into_iter().flatten().filter_map(|s| s["spec"]["nodeName"].as_str()).collect();
+    let nodes: Vec<&str> =
+        list["items"].as_array().into_iter().flatten().filter_map(|s| s["spec"]["nodeName"].as_str()).collect();
     anyhow::ensure!(!nodes.is_empty() && nodes.iter().all(|n| *n == "node-a"), "slices on {nodes:?}");
     Ok(())
 }

@@ -76,7 +76,9 @@ fn metrics_health_and_probes() {
     for pod in ["m1", "m2"] {
         let line = |name: &str| {
             text.lines()
-                .find(|l| l.starts_with(name) && l.contains(&format!("pod_name=\"{pod}\"")) && l.contains("pod_namespace=\"default\""))
+                .find(|l| {
+                    l.starts_with(name) && l.contains(&format!("pod_name=\"{pod}\"")) && l.contains("pod_namespace=\"default\"")
+                })
                 .and_then(|l| l.rsplit(' ').next())
                 .and_then(|v| v.parse::<f64>().ok())
         };
