@@ -16,6 +16,13 @@ use crate::{Components, ManagedProcess, components, eventually, free_port};
 const FEATURE_GATES: &str = "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true,DRADeviceBindingConditions=true";
 const ADMIN_TOKEN: &str = "vgpu-dra-test-admin-token";
 
+/// How to start a [`ControlPlane`].
+#[derive(Debug, Clone, Default)]
+pub struct PlaneOptions {
+    /// Write an audit log of every request (metadata only), for counting a client's requests.
+    pub audit: bool,
+}
+
 /// A running control plane; dropping it stops every process and removes its files.
 pub struct ControlPlane {
     // Field order is drop order: clients first, etcd last.
@@ -37,6 +44,14 @@ impl ControlPlane {
     /// # Errors
     /// When a component is missing or does not come up in time (its log is quoted).
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_with(&PlaneOptions::default())
+    }
+
+    /// [`ControlPlane::start`] with options.
+    ///
+    /// # Errors
+    /// When a component is missing or does not come up in time (its log is quoted).
+    pub fn start_with(options: &PlaneOptions) -> anyhow::Result<Self> {
         let started = Instant::now();
         let bins = components()?;
         let dir = tempfile::Builder::new().prefix("vgpu-dra-cp-").tempdir()?;
@@ -67,27 +82,42 @@ impl ControlPlane {
             d,
         )?;
         let server = format!("https://127.0.0.1:{api_port}");
+        let mut audit = Vec::new();
+        if options.audit {
+            // Metadata of each request once it is answered (a watch: once it starts).
+            std::fs::write(
+                d.join("audit-policy.yaml"),
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+            )?;
+            audit.push(format!("--audit-policy-file={}", d.join("audit-policy.yaml").display()));
+            audit.push(format!("--audit-log-path={}", d.join("audit.log").display()));
+            audit.push("--audit-log-mode=blocking".to_owned());
+        }
         let apiserver = ManagedProcess::spawn(
             "kube-apiserver",
             &bins.kube_apiserver,
-            &strings(&[
-                &format!("--etcd-servers={etcd_url}"),
-                &format!("--secure-port={api_port}"),
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                &format!("--cert-dir={}", d.join("apiserver-certs").display()),
-                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
-                "--authorization-mode=RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc",
-                &format!("--service-account-key-file={}", sa_key.display()),
-                &format!("--service-account-signing-key-file={}", sa_key.display()),
-                "--service-cluster-ip-range=10.0.0.0/24",
-                &format!("--feature-gates={FEATURE_GATES}"),
-                "--runtime-config=resource.k8s.io/v1=true",
-                "--profiling=false",
-                // The kubernetes Service endpoint cannot be a loopback address; nothing needs it.
-                "--endpoint-reconciler-type=none",
-            ]),
+            &[
+                strings(&[
+                    &format!("--etcd-servers={etcd_url}"),
+                    &format!("--secure-port={api_port}"),
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    &format!("--cert-dir={}", d.join("apiserver-certs").display()),
+                    &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                    "--authorization-mode=RBAC",
+                    "--service-account-issuer=https://kubernetes.default.svc",
+                    &format!("--service-account-key-file={}", sa_key.display()),
+                    &format!("--service-account-signing-key-file={}", sa_key.display()),
+                    "--service-cluster-ip-range=10.0.0.0/24",
+                    &format!("--feature-gates={FEATURE_GATES}"),
+                    "--runtime-config=resource.k8s.io/v1=true",
+                    "--profiling=false",
+                    // The kubernetes Service endpoint cannot be a loopback address; nothing needs it.
+                    "--endpoint-reconciler-type=none",
+                ]),
+                audit,
+            ]
+            .concat(),
             d,
         )?;
         let kubeconfig = d.join("admin.kubeconfig");
@@ -162,6 +192,11 @@ impl ControlPlane {
     /// The API server URL.
     pub fn server(&self) -> &str {
         &self.server
+    }
+
+    /// The audit log, when the plane was started with [`PlaneOptions::audit`].
+    pub fn audit_log(&self) -> Option<PathBuf> {
+        Some(self.dir.path().join("audit.log")).filter(|p| p.exists())
     }
 
     /// A scratch directory that lives as long as the plane.

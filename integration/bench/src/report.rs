@@ -1,0 +1,242 @@
+//! The figures of a run: a table on stdout and a JSON file, with the machine they came from.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::cluster::Requests;
+use crate::procfs::Usage;
+use crate::stats::Summary;
+
+/// Where the figures were measured.
+#[derive(Debug, Serialize)]
+pub struct Machine {
+    /// CPU model.
+    pub cpu: String,
+    /// CPUs available to the run.
+    pub cpus: usize,
+    /// Memory, in GiB.
+    pub memory_gib: f64,
+    /// Kernel release.
+    pub kernel: String,
+    /// The repository commit measured.
+    pub commit: String,
+    /// When, in UTC (`date -u`).
+    pub date: String,
+    /// The Kubernetes release of the test bed.
+    pub kubernetes: String,
+}
+
+fn first_line(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.lines().next().unwrap_or_default().trim().to_owned())
+        .unwrap_or_default()
+}
+
+impl Machine {
+    /// This machine, now.
+    pub fn here() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let mem_kib: f64 = meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Self {
+            cpu: cpuinfo
+                .lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+                .unwrap_or_default(),
+            cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+            memory_gib: (mem_kib / 1024.0 / 1024.0 * 10.0).round() / 10.0,
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned(),
+            commit: first_line("git", &["rev-parse", "--short", "HEAD"]),
+            date: first_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+            kubernetes: std::env::var("K8S_VERSION").unwrap_or_else(|_| "v1.36.3".into()),
+        }
+    }
+}
+
+/// Latency of one mode at one size.
+#[derive(Debug, Serialize)]
+pub struct LatencyRun {
+    /// Claims in the run.
+    pub claims: usize,
+    /// `sequential` or `concurrent(N)`.
+    pub mode: String,
+    /// NodePrepareResources, one claim per call.
+    pub prepare: Summary,
+    /// NodeUnprepareResources, one claim per call.
+    pub unprepare: Summary,
+}
+
+/// The single-node figures.
+#[derive(Debug, Serialize)]
+pub struct Single {
+    /// From process start to the first ResourceSlice, in milliseconds.
+    pub start_to_first_slice_ms: f64,
+    /// Idle resources, shortly after start.
+    pub idle: Usage,
+    /// Share of one core used while idle.
+    pub idle_cpu_share: f64,
+    /// The plugin's requests over the steady-state window.
+    pub steady_requests: Requests,
+    /// The window's length, in seconds.
+    pub steady_seconds: f64,
+    /// Requests per minute at steady state.
+    pub steady_requests_per_minute: f64,
+    /// Time for the scheduler to allocate all claims, in seconds.
+    pub allocate_seconds: f64,
+    /// Latency by size and mode.
+    pub latency: Vec<LatencyRun>,
+    /// Resources with every claim prepared.
+    pub with_prepared: Usage,
+    /// How many claims were prepared for that sample.
+    pub prepared_claims: usize,
+    /// Each wipe's time until the slices were back, in milliseconds.
+    pub wipe_recovery_ms: Vec<f64>,
+}
+
+/// The many-node figures.
+#[derive(Debug, Serialize)]
+pub struct Scale {
+    /// Simulated nodes, one plugin process each.
+    pub nodes: usize,
+    /// ResourceSlices published, and the nodes they cover.
+    pub slices: usize,
+    /// Nodes with slices.
+    pub nodes_with_slices: usize,
+    /// From the first start to every node's slices, in seconds.
+    pub all_slices_seconds: f64,
+    /// Claims allocated and prepared.
+    pub claims: usize,
+    /// Time for the scheduler to allocate them, in seconds.
+    pub allocate_seconds: f64,
+    /// Preparing them all on their nodes' plugins, concurrently.
+    pub prepare: Summary,
+    /// Sum of all plugins' RSS with the claims prepared, in MiB.
+    pub total_rss_mib: f64,
+    /// The plugins' API requests from start to the end of preparing.
+    pub requests_until_prepared: Requests,
+    /// The plugins' API requests per minute afterwards, all nodes together.
+    pub steady_requests_per_minute: f64,
+    /// Wall time of the scale run, in seconds.
+    pub wall_seconds: f64,
+}
+
+/// Everything a run measured.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// The machine.
+    pub machine: Machine,
+    /// The driver measured.
+    pub driver: String,
+    /// Its command template.
+    pub command: String,
+    /// Single-node figures.
+    pub single: Option<Single>,
+    /// Many-node figures.
+    pub scale: Option<Scale>,
+    /// The goals the figures are held against, and whether each was met.
+    pub goals: BTreeMap<String, bool>,
+}
+
+impl Report {
+    /// Checks the figures against the goals of issue #9.
+    pub fn judge(&mut self) {
+        let mut goals = BTreeMap::new();
+        if let Some(s) = &self.single {
+            // The latency goals are per call; concurrent runs add queueing behind other calls,
+            // which is reported but is not what the goal measures.
+            let worst =
+                |f: fn(&LatencyRun) -> f64| s.latency.iter().filter(|r| r.mode == "sequential").map(f).fold(0.0, f64::max);
+            goals.insert("prepare p99 < 5 ms (sequential, warm cache)".into(), worst(|r| r.prepare.p99_ms) < 5.0);
+            goals.insert("unprepare p99 < 5 ms (sequential)".into(), worst(|r| r.unprepare.p99_ms) < 5.0);
+            goals.insert("idle RSS < 15 MB".into(), s.idle.rss_mib * 1.048_576 < 15.0);
+            goals.insert("RSS with 1,000 claims < 30 MB".into(), s.with_prepared.rss_mib * 1.048_576 < 30.0);
+            goals.insert("slices back < 5 s after a wipe".into(), s.wipe_recovery_ms.iter().all(|ms| *ms < 5000.0));
+            goals.insert("zero steady-state API writes".into(), s.steady_requests.writes == 0);
+        }
+        if let Some(s) = &self.scale {
+            goals.insert("scale run < 10 min".into(), s.wall_seconds < 600.0);
+        }
+        self.goals = goals;
+    }
+
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        out.push_str(&format!(
+            "vgpu-dra-bench  driver {}  commit {}  {}\nmachine: {} x{} CPUs, {} GiB, kernel {}, Kubernetes {}\n\n",
+            self.driver, m.commit, m.date, m.cpu, m.cpus, m.memory_gib, m.kernel, m.kubernetes
+        ));
+        if let Some(s) = &self.single {
+            out.push_str("single node\n");
+            out.push_str(&format!("  start to first slice        {:>9.1} ms\n", s.start_to_first_slice_ms));
+            out.push_str(&format!(
+                "  idle RSS / CPU              {:>9.1} MiB  {:.2}% of a core\n",
+                s.idle.rss_mib,
+                s.idle_cpu_share * 100.0
+            ));
+            out.push_str(&format!(
+                "  RSS with {} prepared      {:>9.1} MiB  (CPU {:.2} s since start)\n",
+                s.prepared_claims, s.with_prepared.rss_mib, s.with_prepared.cpu_seconds
+            ));
+            out.push_str(&format!(
+                "  steady-state API requests   {:>9.1} /min ({} writes in {:.0} s)\n",
+                s.steady_requests_per_minute, s.steady_requests.writes, s.steady_seconds
+            ));
+            let wipes: Vec<String> = s.wipe_recovery_ms.iter().map(|ms| format!("{ms:.0}")).collect();
+            out.push_str(&format!("  slices back after a wipe    {} ms\n", wipes.join(", ")));
+            out.push_str(&format!("  scheduler allocated claims  {:>9.1} s\n\n", s.allocate_seconds));
+            out.push_str("  claims  mode            prepare p50/p90/p99 ms     /s   unprepare p50/p90/p99 ms     /s\n");
+            for r in &s.latency {
+                out.push_str(&format!(
+                    "  {:>6}  {:<14} {:>6.2} {:>6.2} {:>6.2} {:>7.0}   {:>6.2} {:>6.2} {:>6.2} {:>7.0}\n",
+                    r.claims,
+                    r.mode,
+                    r.prepare.p50_ms,
+                    r.prepare.p90_ms,
+                    r.prepare.p99_ms,
+                    r.prepare.per_second,
+                    r.unprepare.p50_ms,
+                    r.unprepare.p90_ms,
+                    r.unprepare.p99_ms,
+                    r.unprepare.per_second
+                ));
+            }
+            out.push('\n');
+        }
+        if let Some(s) = &self.scale {
+            out.push_str(&format!("scale: {} nodes, one plugin process each\n", s.nodes));
+            out.push_str(&format!(
+                "  slices published            {} on {} nodes in {:.1} s\n",
+                s.slices, s.nodes_with_slices, s.all_slices_seconds
+            ));
+            out.push_str(&format!("  claims allocated            {} in {:.1} s\n", s.claims, s.allocate_seconds));
+            out.push_str(&format!(
+                "  prepared on their nodes     p50 {:.2} / p99 {:.2} ms, {:.0}/s\n",
+                s.prepare.p50_ms, s.prepare.p99_ms, s.prepare.per_second
+            ));
+            out.push_str(&format!("  plugins' RSS, all together  {:.0} MiB\n", s.total_rss_mib));
+            out.push_str(&format!(
+                "  API requests to prepared    {} ({} writes); then {:.1}/min\n",
+                s.requests_until_prepared.total, s.requests_until_prepared.writes, s.steady_requests_per_minute
+            ));
+            out.push_str(&format!("  wall time                   {:.0} s\n\n", s.wall_seconds));
+        }
+        out.push_str("goals\n");
+        for (goal, met) in &self.goals {
+            out.push_str(&format!("  [{}] {goal}\n", if *met { "met" } else { "MISSED" }));
+        }
+        out
+    }
+}
