@@ -126,6 +126,18 @@ impl SourceArgs {
     /// # Errors
     /// [`UsageError`] for a bad mock spec; discovery errors when NVML is unavailable.
     pub fn source(&self, node: &str) -> anyhow::Result<Arc<dyn DeviceSource>> {
+        self.open(node, false)
+    }
+
+    /// [`SourceArgs::source`] for the daemon: NVML also watches XID events.
+    ///
+    /// # Errors
+    /// As [`SourceArgs::source`].
+    pub fn daemon_source(&self, node: &str) -> anyhow::Result<Arc<dyn DeviceSource>> {
+        self.open(node, true)
+    }
+
+    fn open(&self, node: &str, watch_events: bool) -> anyhow::Result<Arc<dyn DeviceSource>> {
         if let Some(spec) = &self.mock_gpus {
             let cards = parse_spec(spec).map_err(|e| UsageError(e.to_string()))?;
             return Ok(Arc::new(MockSource::new(node, cards)));
@@ -133,7 +145,8 @@ impl SourceArgs {
         if let Some(path) = &self.mock_inventory {
             return Ok(Arc::new(MockFileSource::new(path)));
         }
-        Ok(Arc::new(NvmlSource::new()?))
+        let nvml = NvmlSource::new()?;
+        Ok(Arc::new(if watch_events { nvml.watching_xids() } else { nvml }))
     }
 }
 

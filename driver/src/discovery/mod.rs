@@ -2,6 +2,7 @@
 
 pub mod mock;
 pub mod nvml;
+pub mod xid;
 
 use std::path::{Path, PathBuf};
 

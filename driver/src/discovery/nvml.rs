@@ -19,6 +19,8 @@ pub struct NvmlSource {
     /// The last inventory read, so a card that falls off the bus is reported unhealthy instead
     /// of vanishing from the pool.
     last: std::sync::Mutex<Option<Inventory>>,
+    /// Cards a critical XID has marked unhealthy; `None` for one-shot reads.
+    xid: Option<super::xid::XidWatch>,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -34,8 +36,16 @@ impl NvmlSource {
     /// [`DiscoveryError::NvmlUnavailable`] when the library or driver is missing.
     pub fn new() -> Result<Self, DiscoveryError> {
         Nvml::init()
-            .map(|nvml| Self { nvml, last: std::sync::Mutex::new(None) })
+            .map(|nvml| Self { nvml, last: std::sync::Mutex::new(None), xid: None })
             .map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
+    }
+
+    /// Also watches XID events, so a card that faults turns unhealthy without waiting for NVML
+    /// to lose it: for the daemon, not for one-shot reads.
+    #[must_use]
+    pub fn watching_xids(mut self) -> Self {
+        self.xid = Some(super::xid::XidWatch::start());
+        self
     }
 }
 
@@ -98,7 +108,10 @@ impl DeviceSource for NvmlSource {
                 health: Health::Healthy,
             });
         }
-        let inventory = Inventory { driver_version, cuda_driver_version: (cuda_major, cuda_minor), gpus };
+        let mut inventory = Inventory { driver_version, cuda_driver_version: (cuda_major, cuda_minor), gpus };
+        if let Some(watch) = &self.xid {
+            watch.marks().apply(&mut inventory);
+        }
         if let Ok(mut last) = self.last.lock() {
             *last = Some(inventory.clone());
         }
