@@ -108,8 +108,9 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     // A truncated checkpoint does not stop the plugin; it rebuilds from specs and the API.
     drop(kubelet);
     drv.stop();
-    let text = std::fs::read_to_string(dirs.checkpoint())?;
-    std::fs::write(dirs.checkpoint(), &text[..text.len() / 3])?;
+    let record = dirs.checkpoint().join(format!("{}.json", uids[0]));
+    let text = std::fs::read_to_string(&record)?;
+    std::fs::write(&record, &text[..text.len() / 3])?;
     let mut drv = driver(plane, &dirs, "driver-after-corruption");
     let mut kubelet = KubeletSim::start(&registry, DRIVER, &KubeletSimOptions { node_name: NODE.into(), ..Default::default() })?;
     kubelet.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER)?;

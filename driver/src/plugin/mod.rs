@@ -32,7 +32,7 @@ pub struct Paths {
     pub plugin_dir: PathBuf,
     /// `<plugin_dir>/dra.sock`.
     pub dra_socket: PathBuf,
-    /// `<plugin_dir>/checkpoint.json`.
+    /// `<plugin_dir>/checkpoint/`: one record per prepared claim.
     pub checkpoint: PathBuf,
 }
 
@@ -43,7 +43,7 @@ impl Paths {
         Self {
             registration_socket: kubelet_dir.join("plugins_registry").join(format!("{driver}-reg.sock")),
             dra_socket: plugin_dir.join("dra.sock"),
-            checkpoint: plugin_dir.join("checkpoint.json"),
+            checkpoint: plugin_dir.join("checkpoint"),
             plugin_dir,
         }
     }

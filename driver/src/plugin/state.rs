@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
 
 use super::cdi::{ANNOTATION_CLAIM, CdiOptions, build_spec, claim_dir};
-use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
+use super::checkpoint::{Checkpoint, PreparedClaim};
 use super::claim::{ClaimError, ClaimRef, devices_of};
 use crate::discovery::DeviceSource;
 
@@ -155,17 +155,12 @@ impl State {
         cdi: CdiOptions,
         spec_dir: SpecDir,
     ) -> anyhow::Result<Self> {
-        let mut rebuilt = false;
-        let prepared = match checkpoint.load() {
-            Ok(p) => p,
-            Err(e @ CheckpointError::Corrupt { .. }) => {
-                let aside = checkpoint.quarantine()?;
-                tracing::error!(error = %e, moved_to = %aside.display(), "checkpoint corrupt; rebuilding from CDI specs and the API");
-                rebuilt = true;
-                BTreeMap::new()
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let loaded = checkpoint.load()?;
+        for (e, aside) in &loaded.corrupt {
+            tracing::error!(error = %e, moved_to = %aside.display(), "checkpoint corrupt; rebuilding from CDI specs and the API");
+        }
+        let rebuilt = !loaded.corrupt.is_empty();
+        let prepared = loaded.claims;
         let state = Self {
             inner: Mutex::new(Inner { ledger: Ledger::default(), prepared, checkpoint, specs: spec_dir, cdi }),
             claims: client,
@@ -234,6 +229,7 @@ impl State {
             match adopted {
                 Some(entry) => {
                     tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec");
+                    inner.checkpoint.record(&entry)?;
                     inner.prepared.insert(uid, entry);
                 }
                 None => {
@@ -245,7 +241,7 @@ impl State {
             }
         }
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
+        let Inner { ledger, prepared, specs, cdi, .. } = &mut *inner;
         ledger.set_capacity(capacities(&published));
         for (uid, entry) in prepared.iter() {
             for d in &entry.devices {
@@ -259,7 +255,6 @@ impl State {
                 specs.write(uid.as_str(), &entry.spec)?;
             }
         }
-        checkpoint.save(prepared)?;
         Ok(())
     }
 
@@ -331,7 +326,7 @@ impl State {
         let entry = PreparedClaim { claim: claim.clone(), devices, spec };
         prepared.insert(claim.uid.clone(), entry.clone());
         let written = async {
-            blocking(|| checkpoint.save(prepared)).map_err(|e| format!("{e:#}"))?;
+            blocking(|| checkpoint.record(&entry)).map_err(|e| format!("{e:#}"))?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             ensure_dir(&claim_dir(cdi, claim)).await.map_err(|e| format!("{e:#}"))?;
             blocking(|| specs.write(claim.uid.as_str(), &entry.spec)).map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
@@ -344,7 +339,7 @@ impl State {
             admitted.iter().for_each(|k| {
                 ledger.release(k);
             });
-            let _ = blocking(|| checkpoint.save(prepared));
+            let _ = blocking(|| checkpoint.forget(&claim.uid));
             return Err(PrepareError::Storage(e));
         }
         Ok(answer(cdi, &published, &self.node, &entry))
@@ -372,7 +367,7 @@ impl State {
         let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
         if let Some(entry) = prepared.remove(uid) {
-            if let Err(e) = blocking(|| checkpoint.save(prepared)) {
+            if let Err(e) = blocking(|| checkpoint.forget(uid)) {
                 prepared.insert(uid.clone(), entry);
                 return Err(PrepareError::Storage(e.to_string()));
             }

@@ -35,8 +35,22 @@ impl Dirs {
         ]
     }
 
+    /// The checkpoint directory: one `<claim uid>.json` record per prepared claim.
     pub fn checkpoint(&self) -> PathBuf {
-        self.kubelet.join("plugins").join(DRIVER).join("checkpoint.json")
+        self.kubelet.join("plugins").join(DRIVER).join("checkpoint")
+    }
+
+    /// The UIDs with a checkpoint record.
+    pub fn checkpointed(&self) -> Vec<String> {
+        let mut uids: Vec<String> = std::fs::read_dir(self.checkpoint())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        uids.sort();
+        uids
     }
 }
 
