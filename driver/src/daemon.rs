@@ -49,7 +49,7 @@ pub fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
 pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format)?;
     let config = args.config.resolve(&args.node_name)?;
-    let source = args.source.source(&args.node_name)?;
+    let source = args.source.daemon_source(&args.node_name)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let client = kube_client(args).await?;
@@ -64,7 +64,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
             .await
             .context("recovering prepared claims")?
             .with_fail_point(args.fail_point)
-            .with_claim_cache(claim_cache(client.clone(), cancel.clone()))
+            .with_claim_cache(claim_cache(client.clone(), config.driver_name.to_string(), args.node_name.clone(), cancel.clone()))
             .with_metrics(metrics.clone());
         let state = Arc::new(state);
         let registered = Arc::new(AtomicBool::new(false));
@@ -181,16 +181,33 @@ async fn prepare_host(cdi: &CdiOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A watch cache of ResourceClaims, so a prepare usually needs no API round trip.
+/// A watch cache of the ResourceClaims allocated to this node's devices, so a prepare usually
+/// needs no API round trip. The watch sees every claim of the cluster (claims cannot be selected
+/// by node); the others are dropped before they reach the store, so memory follows this node's
+/// claims, not the cluster's.
 fn claim_cache(
     client: kube::Client,
+    driver: String,
+    node: String,
     cancel: CancellationToken,
 ) -> kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim> {
-    use futures::StreamExt;
+    use futures::{StreamExt, TryStreamExt};
     use kube::runtime::{WatchStreamExt, reflector, watcher};
     let (reader, writer) = reflector::store();
     let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> = kube::Api::all(client);
-    let stream = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let ours = move |c: &k8s_openapi::api::resource::v1::ResourceClaim| crate::plugin::claim::allocated_here(c, &driver, &node);
+    let events = watcher(api, watcher::Config::default()).try_filter_map(move |event| {
+        let kept = match event {
+            // A claim that stops being ours (deallocated, reallocated) leaves the store.
+            watcher::Event::Apply(c) if !ours(&c) => Some(watcher::Event::Delete(c)),
+            watcher::Event::InitApply(c) if !ours(&c) => None,
+            watcher::Event::Apply(c) => Some(watcher::Event::Apply(slim(c))),
+            watcher::Event::InitApply(c) => Some(watcher::Event::InitApply(slim(c))),
+            other => Some(other),
+        };
+        std::future::ready(Ok(kept))
+    });
+    let stream = reflector(writer, events).default_backoff();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         loop {
@@ -205,4 +222,11 @@ fn claim_cache(
         }
     });
     reader
+}
+
+/// What the plugin reads of a claim is its identity, allocation and reservations: the field
+/// managers, often the largest part, are not kept.
+fn slim(mut claim: k8s_openapi::api::resource::v1::ResourceClaim) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    claim.metadata.managed_fields = None;
+    claim
 }

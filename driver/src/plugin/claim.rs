@@ -193,6 +193,17 @@ pub fn devices_of(
     Ok(out)
 }
 
+/// Whether `claim` is allocated, at least in part, to `driver`'s devices in `node`'s pool (this
+/// driver publishes each node's devices in a pool named after the node).
+pub fn allocated_here(claim: &ResourceClaim, driver: &str, node: &str) -> bool {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .is_some_and(|d| d.results.iter().flatten().any(|r| r.driver == driver && r.pool == node))
+}
+
 #[cfg(test)]
 mod tests {
     use vgpu_scheduling::{Inventory, SharingConfig, publish};
@@ -261,5 +272,16 @@ mod tests {
         let mut unallocated = claim("", OURS);
         unallocated.status = None;
         assert_eq!(check(&unallocated).unwrap_err().to_string(), "claim ns/c is not allocated");
+    }
+
+    #[test]
+    fn only_claims_on_this_nodes_devices_are_ours() {
+        let driver = "hami-core-gpu.project-hami.io";
+        assert!(allocated_here(&claim("", OURS), driver, "n1"));
+        assert!(!allocated_here(&claim("", OURS), driver, "n2"));
+        assert!(!allocated_here(&claim("", &OURS.replace(driver, "gpu.nvidia.com")), driver, "n1"));
+        let mut unallocated = claim("", OURS);
+        unallocated.status = None;
+        assert!(!allocated_here(&unallocated, driver, "n1"));
     }
 }
