@@ -49,7 +49,11 @@ pub fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
 pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format)?;
     let config = args.config.resolve(&args.node_name)?;
-    let source = args.source.daemon_source(&args.node_name)?;
+    // Prepares and scrapes read the inventory through a cache shorter than the publisher's
+    // poll, so health changes still reach the slices within one poll.
+    let ttl = Duration::from_millis(args.inventory_poll_ms / 2).min(Duration::from_secs(1));
+    let source: Arc<dyn crate::discovery::DeviceSource> =
+        Arc::new(crate::discovery::CachedSource::new(args.source.daemon_source(&args.node_name)?, ttl));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let client = kube_client(args).await?;

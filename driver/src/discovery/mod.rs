@@ -17,6 +17,37 @@ pub trait DeviceSource: Send + Sync {
     fn inventory(&self) -> Result<Inventory, DiscoveryError>;
 }
 
+/// A source whose successful reads are reused for `ttl`: prepares and metric scrapes come in
+/// bursts, and an NVML read is a round of driver queries each time. Errors are never reused.
+pub struct CachedSource {
+    inner: std::sync::Arc<dyn DeviceSource>,
+    ttl: std::time::Duration,
+    last: std::sync::Mutex<Option<(std::time::Instant, Inventory)>>,
+}
+
+impl CachedSource {
+    /// Caches `inner`'s reads for `ttl`.
+    pub fn new(inner: std::sync::Arc<dyn DeviceSource>, ttl: std::time::Duration) -> Self {
+        Self { inner, ttl, last: std::sync::Mutex::new(None) }
+    }
+}
+
+impl DeviceSource for CachedSource {
+    fn inventory(&self) -> Result<Inventory, DiscoveryError> {
+        if let Ok(last) = self.last.lock()
+            && let Some((at, inventory)) = last.as_ref()
+            && at.elapsed() < self.ttl
+        {
+            return Ok(inventory.clone());
+        }
+        let fresh = self.inner.inventory()?;
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some((std::time::Instant::now(), fresh.clone()));
+        }
+        Ok(fresh)
+    }
+}
+
 /// Discovery failures.
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
@@ -72,5 +103,39 @@ impl DeviceSource for MockFileSource {
         } else {
             serde_saphyr::from_str(&text).map_err(|e| err(e.to_string()))
         }
+    }
+}
+
+#[cfg(test)]
+mod cache_tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    struct Counting(AtomicUsize);
+
+    impl DeviceSource for Counting {
+        fn inventory(&self) -> Result<Inventory, DiscoveryError> {
+            let n = self.0.fetch_add(1, Ordering::SeqCst);
+            if n == 1 {
+                return Err(DiscoveryError::NvmlUnavailable("flaky".into()));
+            }
+            mock::MockSource::new("n1", mock::parse_spec("1xTesla T4:15Gi").unwrap()).inventory()
+        }
+    }
+
+    #[test]
+    fn reuses_reads_within_ttl_and_never_errors() {
+        let inner = Arc::new(Counting(AtomicUsize::new(0)));
+        let cached = CachedSource::new(inner.clone(), Duration::from_secs(60));
+        cached.inventory().unwrap();
+        cached.inventory().unwrap();
+        assert_eq!(inner.0.load(Ordering::SeqCst), 1, "the second read came from the cache");
+        let expired = CachedSource::new(inner.clone(), Duration::ZERO);
+        assert!(expired.inventory().is_err(), "a failing read is passed on");
+        expired.inventory().unwrap();
+        assert!(expired.inventory().is_ok());
     }
 }

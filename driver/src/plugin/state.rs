@@ -428,7 +428,7 @@ fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_schedu
 
 fn answer(cdi: &CdiOptions, published: &[PublishedDevice], node: &str, entry: &PreparedClaim) -> Vec<PreparedDevice> {
     let kind = &cdi.kind;
-    let toolkit = super::toolkit::toolkit_devices(&cdi.toolkit_dirs);
+    let toolkit = super::toolkit::toolkit_devices(&cdi.toolkit_dirs, &format!("{}_", kind.file_stem()));
     entry
         .devices
         .iter()

@@ -7,12 +7,17 @@ use std::path::{Path, PathBuf};
 const TOOLKIT_KIND: &str = "nvidia.com/gpu";
 
 /// Device names found in the toolkit's specs under `dirs`, re-read on each call (the toolkit can
-/// regenerate them at any time). Unreadable files are skipped: they are not ours.
-pub fn toolkit_devices(dirs: &[PathBuf]) -> Vec<String> {
+/// regenerate them at any time). Unreadable files are skipped: they are not ours. Files whose
+/// name starts with `own_prefix` (this driver's claim specs, one per prepared claim) are not
+/// even opened, so the cost does not grow with the claims on the node.
+pub fn toolkit_devices(dirs: &[PathBuf], own_prefix: &str) -> Vec<String> {
     let mut names = Vec::new();
     for dir in dirs {
         let Ok(entries) = std::fs::read_dir(dir) else { continue };
         for entry in entries.flatten() {
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(own_prefix) || n.starts_with('.')) {
+                continue;
+            }
             let path = entry.path();
             if let Some(v) = read_spec(&path)
                 && v.get("kind").and_then(|k| k.as_str()) == Some(TOOLKIT_KIND)
@@ -54,7 +59,10 @@ mod tests {
         .unwrap();
         std::fs::write(dir.path().join("other.json"), r#"{"kind":"vendor.com/x","devices":[{"name":"GPU-zzz"}]}"#).unwrap();
         std::fs::write(dir.path().join("broken.json"), "{").unwrap();
-        let found = toolkit_devices(&[dir.path().to_path_buf(), dir.path().join("missing")]);
+        // Our own claim specs are skipped unread, even one that looks like the toolkit's.
+        std::fs::write(dir.path().join("k8s.x.io-claim_u1.json"), r#"{"kind":"nvidia.com/gpu","devices":[{"name":"GPU-own"}]}"#)
+            .unwrap();
+        let found = toolkit_devices(&[dir.path().to_path_buf(), dir.path().join("missing")], "k8s.x.io-claim_");
         assert_eq!(found.len(), 2);
         assert_eq!(toolkit_id(&found, "GPU-abc", 0).as_deref(), Some("nvidia.com/gpu=GPU-abc"));
         assert_eq!(toolkit_id(&found, "GPU-other", 0).as_deref(), Some("nvidia.com/gpu=0"));
