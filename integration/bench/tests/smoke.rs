@@ -1,0 +1,37 @@
+//! The benchmark harness itself stays working: a tiny run against the debug driver produces
+//! every figure. (The figures are judged in BENCHMARKS.md, never here.)
+
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+use serde_json::Value;
+
+#[test]
+fn a_tiny_run_reports_every_figure() {
+    let driver = vgpu_dra_integration::driver_binary().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("results.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["--claims", "6", "--sizes", "1,5", "--concurrency", "2", "--steady-seconds", "1", "--wipes", "1", "--nodes", "2"])
+        .arg(format!("--vgpu-dra={}", driver.display()))
+        .arg(format!("--out={}", out.display()))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "bench failed:\n{table}\n{}", String::from_utf8_lossy(&run.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let single = &report["single"];
+    assert_eq!(single["latency"].as_array().unwrap().len(), 4, "{report:#}");
+    assert_eq!(single["latency"][3]["prepare"]["calls"], 5);
+    assert!(single["start_to_first_slice_ms"].as_f64().unwrap() > 0.0);
+    assert!(single["idle"]["rss_mib"].as_f64().unwrap() > 1.0);
+    assert_eq!(single["wipe_recovery_ms"].as_array().unwrap().len(), 1);
+    assert_eq!(single["steady_requests"]["writes"], 0, "an idle plugin wrote to the API: {report:#}");
+    let scale = &report["scale"];
+    assert_eq!((scale["nodes"].as_u64(), scale["nodes_with_slices"].as_u64(), scale["claims"].as_u64()), (Some(2), Some(2), Some(6)));
+    assert_eq!(scale["prepare"]["calls"], 6);
+    assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(table.contains("goals"), "{table}");
+}
