@@ -91,6 +91,8 @@ impl Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // See the driver's main: name the TLS provider instead of relying on feature unification.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
     let target = args.target()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
