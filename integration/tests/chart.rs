@@ -10,8 +10,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::DRIVER;
 use common::chart::{chart_dir, helm, run_as_daemonset_pod};
+use common::{DRIVER, claim_and_pod_on};
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
 
 const NS: &str = "vgpu-dra";
@@ -99,7 +99,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     })?;
 
     // The chart's DeviceClass selects the slice in a real allocation by the scheduler.
-    kubectl.apply(&claim("share", "node-a"))?;
+    kubectl.apply(&claim_and_pod_on("share", "node-a", "4Gi", "50"))?;
     let result = plane.wait_allocated("default", "share", Duration::from_secs(30))?;
     assert_eq!(result["device"], "hami-gpu-0");
     assert_eq!(result["pool"], "node-a");
@@ -151,32 +151,4 @@ fn assert_only_driver_slices(kubectl: &Kubectl) -> anyhow::Result<()> {
         list["items"].as_array().into_iter().flatten().filter_map(|s| s["spec"]["nodeName"].as_str()).collect();
     anyhow::ensure!(!nodes.is_empty() && nodes.iter().all(|n| *n == "node-a"), "slices on {nodes:?}");
     Ok(())
-}
-
-fn claim(name: &str, node: &str) -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: {DRIVER}
-        capacity:
-          requests: {{memory: 4Gi, cores: "50"}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {node}}}
-  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
-  containers:
-  - name: main
-    image: registry.invalid/none
-    resources: {{claims: [{{name: gpu}}]}}
-"#
-    )
 }

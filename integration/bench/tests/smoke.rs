@@ -30,7 +30,10 @@ fn a_tiny_run_reports_every_figure() {
     assert_eq!(single["wipe_recovery_ms"].as_array().unwrap().len(), 1);
     assert_eq!(single["steady_requests"]["writes"], 0, "an idle plugin wrote to the API: {report:#}");
     let scale = &report["scale"];
-    assert_eq!((scale["nodes"].as_u64(), scale["nodes_with_slices"].as_u64(), scale["claims"].as_u64()), (Some(2), Some(2), Some(6)));
+    assert_eq!(
+        (scale["nodes"].as_u64(), scale["nodes_with_slices"].as_u64(), scale["claims"].as_u64()),
+        (Some(2), Some(2), Some(6))
+    );
     assert_eq!(scale["prepare"]["calls"], 6);
     assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(table.contains("goals"), "{table}");

@@ -77,6 +77,23 @@ pub fn claim_with(name: &str, memory: &str, cores: &str) -> String {
 /// DeviceClass.
 pub fn claim_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
     format!(
+        r#"{}---
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: {DRIVER}}}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
+"#,
+        claim_and_pod_on(name, node, memory, cores)
+    )
+}
+
+/// A claim asking `memory` and `cores` of one card through HAMi's DeviceClass, and a pod on
+/// `node` using it; for tests where the DeviceClass comes from elsewhere (the chart).
+pub fn claim_and_pod_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
+    format!(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
 metadata: {{name: {name}, namespace: default}}
@@ -99,14 +116,6 @@ spec:
   - name: main
     image: registry.invalid/none
     resources: {{claims: [{{name: gpu}}]}}
----
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {{name: {DRIVER}}}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
 "#
     )
 }
