@@ -12,6 +12,8 @@ use crate::{DeviceName, Kind, NameError, Spec};
 
 /// Prefix of temp files; they lack a `.json` suffix so no CDI reader loads them.
 const TEMP_PREFIX: &str = ".cdi-tmp-";
+/// Our specs are a few KiB; anything past this is not one of ours and is not read whole.
+pub const MAX_SPEC_BYTES: u64 = 1 << 20;
 
 /// Failures of spec directory operations, each naming the file involved.
 #[derive(Debug, thiserror::Error)]
@@ -68,6 +70,25 @@ pub enum SpecDirError {
 pub struct SpecDir {
     path: PathBuf,
     kind: Kind,
+}
+
+/// An entry with one of our spec names that is not a regular file (a directory, link, FIFO...):
+/// never read, never removed, reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IgnoredEntry {
+    /// The entry.
+    pub path: PathBuf,
+    /// What it is.
+    pub what: &'static str,
+}
+
+/// What [`SpecDir::scan`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scan {
+    /// Our spec files, sorted by ID.
+    pub owned: Vec<OwnedSpec>,
+    /// Entries under our names that are not regular files.
+    pub ignored: Vec<IgnoredEntry>,
 }
 
 /// A spec file of this driver found in the directory.
@@ -149,42 +170,61 @@ impl SpecDir {
     ///
     /// # Errors
     /// [`SpecDirError::Read`] when the file exists but cannot be read or parsed.
+    /// Only a regular file of at most [`MAX_SPEC_BYTES`] is read; anything else in its place is
+    /// an error, never a blocked read.
     pub fn read(&self, id: &str) -> Result<Option<Spec>, SpecDirError> {
         let path = self.file_for(id)?;
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
+        match crate::file::read_regular(&path, MAX_SPEC_BYTES) {
+            Ok(Some(bytes)) => serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| SpecDirError::Read { path, source: io::Error::new(io::ErrorKind::InvalidData, e) }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Ok(None) => Ok(None),
             Err(source) => Err(SpecDirError::Read { path, source }),
         }
     }
 
     /// Lists the spec files of this kind, by the ID they were written under, sorted by ID.
-    /// Files of other kinds and other drivers are left alone.
+    /// Files of other kinds and other drivers are left alone, and so is anything under our
+    /// names that is not a regular file.
     ///
     /// # Errors
     /// [`SpecDirError::Dir`] when the directory cannot be read (a missing one lists nothing).
     pub fn list_owned(&self) -> Result<Vec<OwnedSpec>, SpecDirError> {
+        self.scan().map(|s| s.owned)
+    }
+
+    /// [`SpecDir::list_owned`], also reporting the entries under our names that are not regular
+    /// files (by their own metadata: links are not followed).
+    ///
+    /// # Errors
+    /// [`SpecDirError::Dir`] when the directory cannot be read (a missing one lists nothing).
+    pub fn scan(&self) -> Result<Scan, SpecDirError> {
         let prefix = format!("{}_", self.kind.file_stem());
         let entries = match fs::read_dir(&self.path) {
             Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
             Err(source) => return Err(SpecDirError::Dir { path: self.path.clone(), source }),
         };
-        let mut owned = Vec::new();
+        let mut scan = Scan::default();
         for entry in entries {
             let entry = entry.map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
             let name = entry.file_name();
             let Some(id) = name.to_str().and_then(|n| n.strip_prefix(&prefix)).and_then(|n| n.strip_suffix(".json")) else {
                 continue;
             };
-            if DeviceName::new(id).is_ok() {
-                owned.push(OwnedSpec { id: id.to_owned(), path: entry.path() });
+            if DeviceName::new(id).is_err() {
+                continue;
+            }
+            let path = entry.path();
+            match crate::file::entry_kind(&path) {
+                Ok(crate::file::EntryKind::Regular) => scan.owned.push(OwnedSpec { id: id.to_owned(), path }),
+                Ok(crate::file::EntryKind::Other(what)) => scan.ignored.push(IgnoredEntry { path, what }),
+                // Gone between the listing and the look: nothing to list.
+                Err(_) => {}
             }
         }
-        owned.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(owned)
+        scan.owned.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(scan)
     }
 
     /// Deletes temp files left by a crash between staging and commit; returns how many.
@@ -200,8 +240,11 @@ impl SpecDir {
         let mut removed = 0;
         for entry in entries {
             let entry = entry.map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
-            if entry.file_name().to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX)) {
-                let path = entry.path();
+            let path = entry.path();
+            // Only our own temp files are regular files; anything else under the prefix is left.
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(TEMP_PREFIX))
+                && matches!(crate::file::entry_kind(&path), Ok(crate::file::EntryKind::Regular))
+            {
                 fs::remove_file(&path).map_err(|source| SpecDirError::Remove { path, source })?;
                 removed += 1;
             }

@@ -8,11 +8,12 @@
 //! and the container runtime that reads the files.
 
 mod dir;
+pub mod file;
 mod name;
 mod spec;
 mod version;
 
-pub use dir::{OwnedSpec, SpecDir, SpecDirError, StagedSpec};
+pub use dir::{IgnoredEntry, OwnedSpec, Scan, SpecDir, SpecDirError, StagedSpec};
 pub use name::{DeviceName, Kind, NameError, QualifiedDeviceId};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 pub use version::CdiVersion;

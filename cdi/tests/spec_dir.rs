@@ -165,3 +165,32 @@ fn the_reference_reader_rejects_a_spec_whose_version_is_too_low() {
     let path = specs.write("0abc", &spec).unwrap();
     assert!(container_device_interface::spec::read_spec(&path, 0).is_err());
 }
+
+#[test]
+fn anything_but_a_regular_file_under_our_names_is_reported_never_read_or_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = SpecDir::new(tmp.path(), kind());
+    dir.write("u-good", &claim_spec("u-good", &[("hami-gpu-0", 0)])).unwrap();
+    let stem = kind().file_stem();
+    fs::create_dir(tmp.path().join(format!("{stem}_u-dir.json"))).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("nowhere"), tmp.path().join(format!("{stem}_u-link.json"))).unwrap();
+    let fifo = tmp.path().join(format!("{stem}_u-fifo.json"));
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    fs::create_dir(tmp.path().join(".cdi-tmp-dir")).unwrap();
+    fs::write(tmp.path().join(format!("{stem}_u-huge.json")), vec![b' '; 2 << 20]).unwrap();
+
+    let scan = dir.scan().unwrap();
+    let owned: Vec<&str> = scan.owned.iter().map(|s| s.id.as_str()).collect();
+    assert!(owned.contains(&"u-good"), "{owned:?}");
+    let mut ignored: Vec<&str> = scan.ignored.iter().map(|e| e.what).collect();
+    ignored.sort_unstable();
+    assert_eq!(ignored, ["FIFO", "directory", "symbolic link"]);
+    // Reading any of them errors at once (a FIFO would block a plain read forever).
+    for id in ["u-dir", "u-link", "u-fifo", "u-huge"] {
+        assert!(dir.read(id).is_err(), "{id}");
+    }
+    assert!(dir.read("u-good").unwrap().is_some());
+    // A directory under the temp prefix is not ours to delete.
+    assert_eq!(dir.remove_stale_temps().unwrap(), 0);
+    assert!(tmp.path().join(".cdi-tmp-dir").is_dir());
+}
