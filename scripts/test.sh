@@ -4,6 +4,7 @@
 #
 #   scripts/test.sh            all tests
 #   scripts/test.sh -p cdi-spec  extra arguments go to `cargo test`
+#   scripts/test.sh -- --test-threads=1  and those after `--` to the test binaries
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,10 +20,30 @@ while IFS='=' read -r name path; do
 	export "$var=$path"
 done <<<"$components"
 
-# Integration tests each bring up a control plane: two at once is what 2 cores bear.
+# Integration tests each bring up a control plane: two at once is what 2 cores bear, unless the
+# caller chose a number (after `--`, or in RUST_TEST_THREADS); a second --test-threads after the
+# caller's would silently replace it.
+cargo_args=()
+test_args=()
+after_dashes=false
+threads_chosen=false
+for arg in "$@"; do
+	if $after_dashes; then
+		test_args+=("$arg")
+		if [[ $arg == --test-threads* ]]; then threads_chosen=true; fi
+	elif [[ $arg == -- ]]; then
+		after_dashes=true
+	else
+		cargo_args+=("$arg")
+	fi
+done
+if ! $threads_chosen && [[ -z ${RUST_TEST_THREADS:-} ]]; then
+	test_args+=(--test-threads=2)
+fi
 rm -f target/test-bed-timings.log
 status=0
-cargo test --workspace --locked "$@" -- --test-threads=2 || status=$?
+# `${a[@]+"${a[@]}"}`: an empty array is no argument, also under `set -u` in bash before 4.4.
+cargo test --workspace --locked ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"} || status=$?
 if [[ -f target/test-bed-timings.log ]]; then
 	cat target/test-bed-timings.log
 fi

@@ -38,7 +38,7 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct PreparePreviewArgs {
     /// The allocated ResourceClaim, as `kubectl get resourceclaim -o yaml` prints it.
-    #[arg(long)]
+    #[arg(long, env = "VGPU_DRA_CLAIM")]
     pub claim: PathBuf,
     /// The node the claim is prepared on.
     #[arg(long, env = "NODE_NAME")]
@@ -50,7 +50,7 @@ pub struct PreparePreviewArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// HAMi-core's host directory.
-    #[arg(long, default_value = "/usr/local/vgpu")]
+    #[arg(long, env = "VGPU_DRA_HAMI_CORE_DIR", default_value = "/usr/local/vgpu")]
     pub hami_core_dir: PathBuf,
 }
 
@@ -163,7 +163,7 @@ pub struct InventoryArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
     /// Output format.
-    #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+    #[arg(short = 'o', long, env = "VGPU_DRA_OUTPUT", value_enum, default_value = "yaml")]
     pub output: OutputFormat,
 }
 
@@ -206,6 +206,14 @@ pub struct KubeletPluginArgs {
     /// Abort at this point of prepare/unprepare (crash-recovery tests only).
     #[arg(long, hide = true, value_enum)]
     pub fail_point: Option<crate::plugin::state::FailPoint>,
+    /// How long a prepared claim must be gone from the API (deleted, or recreated with a new
+    /// UID) before its share is released without an unprepare from the kubelet.
+    #[arg(long, env = "VGPU_DRA_DELETED_CLAIM_GRACE_SECONDS", default_value_t = 300)]
+    pub deleted_claim_grace_seconds: u64,
+    /// How often prepared claims are checked against the API and their specs against the disk,
+    /// in milliseconds.
+    #[arg(long, env = "VGPU_DRA_STATE_CHECK_MS", default_value_t = 10_000)]
+    pub state_check_ms: u64,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS", default_value = "0.0.0.0:9394")]
     pub metrics_address: std::net::SocketAddr,
@@ -274,32 +282,53 @@ pub fn inventory(args: &InventoryArgs, out: &mut dyn Write) -> anyhow::Result<()
 }
 
 /// `vgpu-dra prepare-preview`: the spec as JSON, or the claim's error as a usage error (exit 2).
+/// It runs the daemon's own prepare, against an empty ledger in a scratch directory: what it
+/// prints or refuses is what a node with no other claims would do, and it touches no host path.
 ///
 /// # Errors
 /// [`UsageError`] for a claim this node would refuse; other errors for unreadable input.
 pub fn prepare_preview(args: &PreparePreviewArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    use crate::plugin::cdi::{CdiOptions, build_spec};
-    use crate::plugin::claim::{ClaimRef, devices_of};
+    use crate::plugin::cdi::CdiOptions;
+    use crate::plugin::checkpoint::Checkpoint;
+    use crate::plugin::claim::ClaimRef;
+    use crate::plugin::source::ClaimSource;
+    use crate::plugin::state::{State, StateOptions, Storage};
     let config = args.config.resolve(&args.node_name)?;
     let text = std::fs::read_to_string(&args.claim).map_err(|e| UsageError(format!("--claim {}: {e}", args.claim.display())))?;
     let claim: k8s_openapi::api::resource::v1::ResourceClaim = serde_saphyr::from_str(&text)
         .map_err(|e| UsageError(format!("--claim {}: not a ResourceClaim: {e}", args.claim.display())))?;
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let uid = vgpu_scheduling::Uid::new(uid).map_err(|e| UsageError(format!("--claim: metadata.uid: {e}")))?;
-    let want = ClaimRef {
-        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
-        name: claim.metadata.name.clone().unwrap_or_default(),
-        uid,
-    };
-    let published = publish(&args.source.source(&args.node_name)?.inventory()?, &config);
-    let devices =
-        devices_of(&claim, &want, &config.driver_name, &args.node_name, &published).map_err(|e| UsageError(e.to_string()))?;
-    let options = CdiOptions {
+    let meta = &claim.metadata;
+    let want = ClaimRef::new(
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default(),
+    )
+    .map_err(|e| UsageError(format!("--claim {}: {e}", args.claim.display())))?;
+    let source = args.source.source(&args.node_name)?;
+    // Fail here, not after the daemon's patience for a first inventory.
+    source.inventory()?;
+    let cdi = CdiOptions {
         synthesize_nodes: true,
         limits: vgpu_scheduling::LimitOptions { oversubscribed: !config.memory_scaling.is_one(), ..Default::default() },
         ..CdiOptions::for_driver(&config.driver_name, &args.hami_core_dir)?
     };
-    let spec = build_spec(&options, &want, &devices, &published).map_err(|e| UsageError(e.to_string()))?;
+    let scratch = tempfile::tempdir()?;
+    let specs = cdi_spec::SpecDir::new(scratch.path().join("cdi"), cdi.kind.clone());
+    let claims = ClaimSource::Fixed { claims: Arc::new(vec![claim]), pods: Arc::default() };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let spec = runtime.block_on(async {
+        let state = State::recover(
+            claims,
+            source,
+            config,
+            args.node_name.clone(),
+            Storage { checkpoint: Checkpoint::new(scratch.path().join("checkpoint")), cdi, specs: specs.clone() },
+            StateOptions { host_dirs: false, ..Default::default() },
+        )
+        .await?;
+        state.prepare(&want).await.map_err(|e| UsageError(e.chain()))?;
+        specs.read(want.uid.as_str())?.ok_or_else(|| anyhow::anyhow!("the prepared spec is missing"))
+    })?;
     serde_json::to_writer_pretty(&mut *out, &spec)?;
     writeln!(out)?;
     Ok(())

@@ -13,19 +13,30 @@ use cdi_spec::SpecDir;
 use vgpu_scheduling::{LimitOptions, SharingConfig};
 
 use crate::cli::{KubeletPluginArgs, LogFormat};
+use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource};
 use crate::http::Probes;
 use crate::metrics::Metrics;
 use crate::plugin::cdi::CdiOptions;
 use crate::plugin::checkpoint::Checkpoint;
 use crate::plugin::health::HealthService;
-use crate::plugin::state::State;
+use crate::plugin::source::ClaimSource;
+use crate::plugin::state::{State, StateOptions, Storage};
 use crate::plugin::{self, Paths};
 use crate::publisher::{Publisher, PublisherOptions};
 
 /// How long shutdown may take before the process gives up waiting.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
+/// How long start-up waits for the device loop's first inventory: a round lasts at most two read
+/// deadlines (the card list, then the cards), so only a source that cannot list its cards at all
+/// takes longer, and then the daemon cannot work.
+const FIRST_INVENTORY: Duration = Duration::from_secs(30);
+/// How long connecting to the API server may take. A connection either opens within moments or
+/// the server is unreachable; waiting kube's default 30 s only delays the retry. Answers have no
+/// client-wide deadline, because watches stay open for minutes: each publisher call has its own.
+const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Sets up logging from `RUST_LOG` (default `info`); a bad filter fails fast.
+/// Sets up logging from `RUST_LOG` (default `info`); a bad filter fails fast. Colours only when
+/// stderr is a terminal: log collectors store the escape codes verbatim.
 ///
 /// # Errors
 /// When the filter does not parse.
@@ -34,7 +45,8 @@ pub fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
         Ok(spec) => tracing_subscriber::EnvFilter::try_new(&spec).with_context(|| format!("RUST_LOG={spec:?}"))?,
         Err(_) => tracing_subscriber::EnvFilter::new("info"),
     };
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
@@ -49,12 +61,14 @@ pub fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
 pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format)?;
     let config = args.config.resolve(&args.node_name)?;
-    // Prepares and scrapes read the inventory through a cache shorter than the publisher's
-    // poll, so health changes still reach the slices within one poll.
-    let ttl = Duration::from_millis(args.inventory_poll_ms / 2).min(Duration::from_secs(1));
-    let source: Arc<dyn crate::discovery::DeviceSource> =
-        Arc::new(crate::discovery::CachedSource::new(args.source.daemon_source(&args.node_name)?, ttl));
+    // The only reader of the devices: everyone else reads its snapshots, without I/O.
+    let poll = Duration::from_millis(args.inventory_poll_ms.max(100));
+    let devices =
+        DeviceLoop::start(args.source.daemon_source(&args.node_name)?, DeviceLoopOptions { poll, ..Default::default() })
+            .context("starting the device loop")?;
+    let snapshots = devices.source();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // `devices` lives until the runtime has stopped: dropping it stops the loop.
     runtime.block_on(async {
         let client = kube_client(args).await?;
         let cancel = CancellationToken::new();
@@ -62,20 +76,39 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         let paths = Paths::new(&args.kubelet_dir, config.driver_name.as_str());
         let metrics = Arc::new(Metrics::new(args.node_name.clone()));
         let cdi = cdi_options(args, &config)?;
-        prepare_host(&cdi).await?;
+        {
+            let cdi = cdi.clone();
+            tokio::task::spawn_blocking(move || plugin::host::prepare(&cdi)).await?.context("preparing HAMi-core's host files")?;
+        }
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
-        let state = State::recover(Some(client.clone()), source.clone(), config.clone(), args.node_name.clone(), Checkpoint::new(&paths.checkpoint), cdi, specs)
-            .await
-            .context("recovering prepared claims")?
-            .with_fail_point(args.fail_point)
-            .with_claim_cache(claim_cache(client.clone(), config.driver_name.to_string(), args.node_name.clone(), cancel.clone()))
-            .with_metrics(metrics.clone());
+        snapshots.first(FIRST_INVENTORY).await.with_context(|| format!("no GPU inventory within {FIRST_INVENTORY:?}"))?;
+        let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
+        let claims = ClaimSource::api(client.clone()).with_cache(claim_cache(
+            client.clone(),
+            config.driver_name.to_string(),
+            args.node_name.clone(),
+            cancel.clone(),
+        ));
+        let options = StateOptions { deleted_claim_grace: Duration::from_secs(args.deleted_claim_grace_seconds), ..Default::default() };
+        let state = State::recover(
+            claims,
+            source,
+            config.clone(),
+            args.node_name.clone(),
+            Storage { checkpoint: Checkpoint::new(&paths.checkpoint), cdi, specs },
+            options,
+        )
+        .await
+        .context("recovering prepared claims")?
+        .with_fail_point(args.fail_point);
         let state = Arc::new(state);
+        let maintenance = tokio::spawn(state.clone().maintain(Duration::from_millis(args.state_check_ms.max(100)), cancel.clone()));
         let registered = Arc::new(AtomicBool::new(false));
-        let options = PublisherOptions { inventory_poll: Duration::from_millis(args.inventory_poll_ms.max(100)), ..Default::default() };
         let driver = config.driver_name.to_string();
         let (health_tx, health_rx) = tokio::sync::watch::channel(Vec::new());
-        let publisher = Publisher::new(client, args.node_name.clone(), source, config, options).with_health(health_tx).with_metrics(metrics.clone());
+        let health_feed = tokio::spawn(plugin::health::follow_snapshots(snapshots.clone(), config.clone(), health_tx, cancel.clone()));
+        let publisher = Publisher::new(client, args.node_name.clone(), snapshots, config, PublisherOptions::default())
+            .with_metrics(metrics.clone());
         let health = HealthService { pool: args.node_name.clone(), devices: health_rx };
         let probes = Probes {
             registered: registered.clone(),
@@ -83,7 +116,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
             sockets: vec![paths.dra_socket.clone(), paths.registration_socket.clone()],
         };
         let http_cancel = cancel.clone();
-        let http = tokio::spawn(crate::http::serve(args.metrics_address, probes, metrics, state.clone(), cancel.clone()));
+        let http = tokio::spawn(crate::http::serve(args.metrics_address, probes, metrics.clone(), state.clone(), cancel.clone()));
         let http = tokio::spawn(async move {
             if let Ok(Err(e)) = http.await {
                 tracing::error!(error = %format!("{e:#}"), "metrics and probes endpoint failed");
@@ -91,8 +124,9 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
             }
         });
         let plugin_cancel = cancel.clone();
+        let plugin_metrics = metrics.clone();
         let plugin = tokio::spawn(async move {
-            if let Err(e) = plugin::serve(&paths, &driver, state, health, registered, plugin_cancel.clone()).await {
+            if let Err(e) = plugin::serve(&paths, &driver, state, health, registered, Some(plugin_metrics), plugin_cancel.clone()).await {
                 // A plugin that cannot serve the kubelet is useless: stop everything.
                 tracing::error!(error = %format!("{e:#}"), "kubelet plugin failed");
                 plugin_cancel.cancel();
@@ -100,7 +134,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         });
         let publisher_task = tokio::spawn(publisher.run(cancel.clone()));
         let mut task = tokio::spawn(async move {
-            let _ = tokio::join!(plugin, publisher_task, http);
+            let _ = tokio::join!(plugin, publisher_task, http, health_feed, maintenance);
         });
         tokio::select! {
             signal = shutdown_signal() => {
@@ -122,7 +156,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
 }
 
 async fn kube_client(args: &KubeletPluginArgs) -> anyhow::Result<kube::Client> {
-    let config = match &args.kubeconfig {
+    let mut config = match &args.kubeconfig {
         Some(path) => {
             let kc =
                 kube::config::Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -132,6 +166,7 @@ async fn kube_client(args: &KubeletPluginArgs) -> anyhow::Result<kube::Client> {
         }
         None => kube::Config::incluster().context("no --kubeconfig and not running in a pod")?,
     };
+    config.connect_timeout = Some(API_CONNECT_TIMEOUT);
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
@@ -164,25 +199,6 @@ pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::
         toolkit_dirs: vec!["/etc/cdi".into(), args.cdi_dir.clone()],
         ..CdiOptions::for_driver(&config.driver_name, &args.hami_core_dir)?
     })
-}
-
-/// Creates the lock and claims directories and, when missing, the `ld.so.preload` that names
-/// the library (written atomically; an existing one is never replaced under running containers).
-async fn prepare_host(cdi: &CdiOptions) -> anyhow::Result<()> {
-    for dir in [&cdi.lock_dir, &cdi.claims_root] {
-        tokio::fs::create_dir_all(dir).await.with_context(|| format!("creating {}", dir.display()))?;
-    }
-    if tokio::fs::metadata(&cdi.preload).await.is_err() {
-        let (preload, body) = (cdi.preload.clone(), format!("{}\n", cdi.libvgpu.display()));
-        tokio::task::spawn_blocking(move || {
-            crate::fsutil::write_atomically(&preload, body.as_bytes()).with_context(|| format!("creating {}", preload.display()))
-        })
-        .await??;
-    }
-    if tokio::fs::metadata(&cdi.libvgpu).await.is_err() {
-        tracing::warn!(path = %cdi.libvgpu.display(), "HAMi-core library not found; containers of prepared claims cannot start until it is installed");
-    }
-    Ok(())
 }
 
 /// A watch cache of the ResourceClaims allocated to this node's devices, so a prepare usually

@@ -1,5 +1,6 @@
 //! The HTTP endpoints: `/metrics`, `/healthz` (the process and its gRPC sockets answer) and
-//! `/readyz` (also registered with the kubelet and slices published).
+//! `/readyz` (also registered with the kubelet, and the last attempt to publish the slices
+//! succeeded).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use crate::plugin::state::State;
 pub struct Probes {
     /// The kubelet accepted the registration.
     pub registered: Arc<AtomicBool>,
-    /// The pool has been published once.
+    /// The last attempt to publish the pool succeeded ([`crate::publisher::Publisher::ready_flag`]).
     pub published: Arc<AtomicBool>,
     /// Sockets that must accept connections.
     pub sockets: Vec<PathBuf>,
@@ -60,7 +61,7 @@ async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
         missing.push("not registered with the kubelet".into());
     }
     if !s.probes.published.load(Ordering::SeqCst) {
-        missing.push("ResourceSlices not published yet".into());
+        missing.push("ResourceSlices not published (not yet, or the last attempt failed)".into());
     }
     if missing.is_empty() {
         (StatusCode::OK, "ok\n".into())
@@ -70,7 +71,10 @@ async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
 }
 
 async fn metrics(AxumState(s): AxumState<Shared>) -> ([(&'static str, &'static str); 1], String) {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.metrics.render(&s.state).await)
+    (
+        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        s.metrics.render(&s.state.snapshot().await),
+    )
 }
 
 /// Serves the endpoints on `address` until `cancel`.

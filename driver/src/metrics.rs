@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use vgpu_scheduling::device::{CAPACITY_CORES, CAPACITY_MEMORY, CAPACITY_SHARES};
 use vgpu_scheduling::{Attribute, Health};
 
-use crate::plugin::state::State;
+use crate::plugin::state::StateSnapshot;
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -32,6 +32,7 @@ pub struct Metrics {
     claim_allocated: Family<Labels, FloatGauge>,
     hami_vgpu_memory: Family<Labels, FloatGauge>,
     hami_vgpu_core: Family<Labels, FloatGauge>,
+    overcommitted: Family<Labels, Gauge>,
     /// Prepare latency by result (`ok`, `error`).
     pub prepare_seconds: Family<Labels, Histogram>,
     /// Unprepare latency by result.
@@ -65,6 +66,7 @@ impl Metrics {
             claim_allocated: Family::default(),
             hami_vgpu_memory: Family::default(),
             hami_vgpu_core: Family::default(),
+            overcommitted: Family::default(),
             prepare_seconds: Family::new_with_constructor(histogram),
             unprepare_seconds: Family::new_with_constructor(histogram),
             prepare_errors: Family::default(),
@@ -121,16 +123,21 @@ impl Metrics {
             "NodeUnprepareResources latency per claim",
             m.unprepare_seconds.clone(),
         );
+        registry.register(
+            "vgpu_dra_device_overcommitted",
+            "1 for a device capacity that prepared claims take more of than the device has (after a restart with a smaller configuration); the device admits nothing new",
+            m.overcommitted.clone(),
+        );
         registry.register("vgpu_dra_prepare_errors", "Claims whose prepare failed, by reason", m.prepare_errors.clone());
         registry.register("vgpu_dra_slice_writes", "ResourceSlice writes by operation and result", m.slice_writes.clone());
         registry.register("vgpu_dra_watch_restarts", "Restarts of API watches, by resource", m.watch_restarts.clone());
         Self { registry, ..m }
     }
 
-    /// The text exposition, with device figures read from `state` now.
-    pub async fn render(&self, state: &State) -> String {
-        let usage = state.usage().await;
-        self.prepared.set(i64::try_from(state.prepared_count().await).unwrap_or(i64::MAX));
+    /// The text exposition, with device figures from `state` (read at once, just before).
+    pub fn render(&self, state: &StateSnapshot) -> String {
+        let usage = &state.usage;
+        self.prepared.set(i64::try_from(state.prepared).unwrap_or(i64::MAX));
         for f in [
             &self.capacity,
             &self.allocated,
@@ -145,8 +152,17 @@ impl Metrics {
         ] {
             f.clear();
         }
-        let shares = state.shares().await;
-        for d in state.published().unwrap_or_default() {
+        self.overcommitted.clear();
+        for (device, capacity) in &state.overcommitted {
+            let l = vec![
+                ("node".to_owned(), self.node.clone()),
+                ("device".to_owned(), device.to_string()),
+                ("capacity".to_owned(), capacity.clone()),
+            ];
+            self.overcommitted.get_or_create(&l).set(1);
+        }
+        let shares = &state.shares;
+        for d in &state.published {
             let index = match d.attributes.get("index") {
                 Some(Attribute::Int(i)) => i.to_string(),
                 _ => d.minor.to_string(),
@@ -188,14 +204,14 @@ impl Metrics {
                     let mut l = base.clone();
                     l.extend([
                         ("capacity".to_owned(), name.to_owned()),
-                        ("namespace".to_owned(), share.claim.namespace.clone()),
-                        ("claim".to_owned(), share.claim.name.clone()),
+                        ("namespace".to_owned(), share.claim.namespace.to_string()),
+                        ("claim".to_owned(), share.claim.name.to_string()),
                         ("pod".to_owned(), pod.clone()),
                     ]);
                     self.claim_allocated.get_or_create(&l).set(value(share.consumption.get(name)));
                 }
                 let mut l = hami.clone();
-                l.extend([("pod_name".to_owned(), pod), ("pod_namespace".to_owned(), share.claim.namespace.clone())]);
+                l.extend([("pod_name".to_owned(), pod), ("pod_namespace".to_owned(), share.claim.namespace.to_string())]);
                 self.hami_vgpu_memory.get_or_create(&l).set(value(share.consumption.get(CAPACITY_MEMORY)));
                 self.hami_vgpu_core.get_or_create(&l).set(value(share.consumption.get(CAPACITY_CORES)) / 100.0);
             }
@@ -258,6 +274,7 @@ mod tests {
         ] {
             f.get_or_create(&l).set(1.0);
         }
+        m.overcommitted.get_or_create(&l).set(1);
         m.prepared.set(1);
         m.prepare_seconds.get_or_create(&l).observe(0.001);
         m.unprepare_seconds.get_or_create(&l).observe(0.001);

@@ -2,12 +2,15 @@
 //! and configuration say, and puts it back within moments when someone deletes or edits it (the
 //! kubelet wipes a node's slices when it starts and 30 s after losing the plugin).
 //!
-//! One loop: a watch on our own slices and a poll of the inventory wake the reconciler, which
-//! lists our slices, writes (server-side apply) only those that differ, deletes extra ones and
-//! bumps the pool generation when the device set changes. A restart that finds everything in
-//! place writes nothing.
+//! One loop: a watch on our own slices and every change of the device loop's snapshot wake the
+//! reconciler, which lists our slices, writes (server-side apply) only those that differ, deletes
+//! extra ones and bumps the pool generation when the device set changes. A restart that finds
+//! everything in place writes nothing. Every API call has a deadline, so a hung API server fails
+//! a pass instead of stalling it, and readiness says whether the last pass succeeded.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -17,15 +20,39 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use vgpu_scheduling::{PublishedDevice, SharingConfig, publish};
+use vgpu_scheduling::{Inventory, PublishedDevice, SharingConfig, publish};
 
-use crate::discovery::{DeviceSource, DiscoveryError};
+use crate::discovery::{DeviceSource, DiscoveryError, SnapshotSource};
 use crate::metrics::{Metrics, labels};
-use crate::plugin::health::DeviceHealthState;
 use crate::slices::{LABEL_MANAGED_BY, PoolIdentity, build_slices};
 
 /// Field manager of our server-side applies.
 pub const FIELD_MANAGER: &str = "vgpu-dra";
+
+/// The default deadline of one API call. A healthy API server answers these small reads and
+/// writes in milliseconds; one that is hung (or a connection to it that died silently) would
+/// otherwise hold a pass, and readiness with it, forever. Short enough that a stuck pass is
+/// retried soon, long enough for a loaded server.
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why one API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The API server answered with an error, or the request could not be sent.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// No answer in time.
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+}
+
+/// Runs one API call with a deadline.
+async fn within<T>(limit: Duration, call: impl Future<Output = Result<T, kube::Error>>) -> Result<T, CallError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(answer) => answer.map_err(CallError::Api),
+        Err(_) => Err(CallError::TimedOut(limit)),
+    }
+}
 
 /// Publisher failures; each says which step failed.
 #[derive(Debug, thiserror::Error)]
@@ -40,11 +67,11 @@ pub enum PublishError {
         node: String,
         /// The API error.
         #[source]
-        source: kube::Error,
+        source: CallError,
     },
     /// Listing our slices failed.
     #[error("listing ResourceSlices")]
-    List(#[source] kube::Error),
+    List(#[source] CallError),
     /// Writing a slice failed.
     #[error("applying ResourceSlice {name}")]
     Apply {
@@ -52,7 +79,7 @@ pub enum PublishError {
         name: String,
         /// The API error.
         #[source]
-        source: kube::Error,
+        source: CallError,
     },
     /// Deleting a stale slice failed.
     #[error("deleting ResourceSlice {name}")]
@@ -61,15 +88,15 @@ pub enum PublishError {
         name: String,
         /// The API error.
         #[source]
-        source: kube::Error,
+        source: CallError,
     },
 }
 
 /// Timing of the publisher.
 #[derive(Debug, Clone)]
 pub struct PublisherOptions {
-    /// How often the inventory is read for changes.
-    pub inventory_poll: Duration,
+    /// Deadline of each API call ([`API_CALL_TIMEOUT`] by default).
+    pub api_timeout: Duration,
     /// A full reconcile at least this often, even without events.
     pub resync: Duration,
     /// First retry delay after an error; doubles up to `max_backoff`.
@@ -81,7 +108,7 @@ pub struct PublisherOptions {
 impl Default for PublisherOptions {
     fn default() -> Self {
         Self {
-            inventory_poll: Duration::from_secs(5),
+            api_timeout: API_CALL_TIMEOUT,
             resync: Duration::from_secs(600),
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
@@ -104,36 +131,34 @@ pub struct ReconcileOutcome {
 pub struct Publisher {
     slices: Api<ResourceSlice>,
     nodes: Api<Node>,
-    source: Arc<dyn DeviceSource>,
+    snapshots: SnapshotSource,
     config: SharingConfig,
     node_name: String,
     options: PublisherOptions,
     generation: i64,
     published: Option<Vec<PublishedDevice>>,
-    health: Option<tokio::sync::watch::Sender<Vec<DeviceHealthState>>>,
-    ready: Arc<std::sync::atomic::AtomicBool>,
+    ready: Arc<AtomicBool>,
     metrics: Option<Arc<Metrics>>,
 }
 
 impl Publisher {
-    /// A publisher for `node_name` with devices from `source`.
+    /// A publisher for `node_name` with the devices of the device loop's `snapshots`.
     pub fn new(
         client: kube::Client,
         node_name: String,
-        source: Arc<dyn DeviceSource>,
+        snapshots: SnapshotSource,
         config: SharingConfig,
         options: PublisherOptions,
     ) -> Self {
         Self {
             slices: Api::all(client.clone()),
             nodes: Api::all(client),
-            source,
+            snapshots,
             config,
             node_name,
             options,
             generation: 0,
             published: None,
-            health: None,
             ready: Arc::default(),
             metrics: None,
         }
@@ -152,15 +177,9 @@ impl Publisher {
         }
     }
 
-    /// Reports every published device's health to `tx` (for the kubelet's health stream).
-    #[must_use]
-    pub fn with_health(mut self, tx: tokio::sync::watch::Sender<Vec<DeviceHealthState>>) -> Self {
-        self.health = Some(tx);
-        self
-    }
-
-    /// Set once the pool has been published (for readiness).
-    pub fn ready_flag(&self) -> Arc<std::sync::atomic::AtomicBool> {
+    /// True while the last pass published the pool, false before the first success and after
+    /// any failure (for readiness).
+    pub fn ready_flag(&self) -> Arc<AtomicBool> {
         self.ready.clone()
     }
 
@@ -169,8 +188,8 @@ impl Publisher {
     }
 
     /// Runs until `cancel` fires: reconciles on start, on every change of our slices, on
-    /// inventory changes and periodically; errors are retried with capped backoff and logged
-    /// once per change of state.
+    /// snapshot changes that change the devices, and periodically; errors are retried with
+    /// capped backoff and logged once per change of state.
     pub async fn run(mut self, cancel: CancellationToken) {
         let wake = Arc::new(Notify::new());
         let watch =
@@ -178,10 +197,14 @@ impl Publisher {
         let mut backoff = self.options.min_backoff;
         let mut last_error: Option<String> = None;
         let mut first = true;
-        let mut poll = tokio::time::interval(self.options.inventory_poll);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut snapshots = self.snapshots.subscribe();
+        let mut loop_running = true;
         loop {
-            match self.reconcile().await {
+            // Whatever snapshot this pass reads, later ones wake the next.
+            snapshots.mark_unchanged();
+            let result = self.reconcile().await;
+            self.ready.store(result.is_ok(), Ordering::SeqCst);
+            match result {
                 Ok(outcome) => {
                     if last_error.take().is_some() {
                         tracing::info!(node = %self.node_name, "publishing ResourceSlices works again");
@@ -201,11 +224,12 @@ impl Publisher {
                             () = cancel.cancelled() => break,
                             () = wake.notified() => break,
                             () = &mut resync => break,
-                            _ = poll.tick() => {
-                                if self.inventory_changed() {
-                                    break;
-                                }
-                            }
+                            changed = snapshots.changed(), if loop_running => match changed {
+                                Ok(()) if self.devices_changed(snapshots.borrow_and_update().as_ref()) => break,
+                                Ok(()) => {}
+                                // The device loop is gone: the last snapshot stays published.
+                                Err(_) => loop_running = false,
+                            },
                         }
                     }
                     // Let a burst of watch events (a DeleteCollection) settle into one reconcile.
@@ -231,11 +255,10 @@ impl Publisher {
         watch.abort();
     }
 
-    fn inventory_changed(&self) -> bool {
-        match self.source.inventory() {
-            Ok(inv) => self.published.as_ref() != Some(&publish(&inv, &self.config)),
-            // Let the reconcile report it.
-            Err(_) => true,
+    fn devices_changed(&self, inventory: Option<&Inventory>) -> bool {
+        match inventory {
+            Some(inventory) => self.published.as_ref() != Some(&publish(inventory, &self.config)),
+            None => self.published.is_some(),
         }
     }
 
@@ -244,13 +267,15 @@ impl Publisher {
     /// # Errors
     /// [`PublishError`] naming the step; the next pass starts over.
     pub async fn reconcile(&mut self) -> Result<ReconcileOutcome, PublishError> {
-        let devices = publish(&self.source.inventory()?, &self.config);
-        let node = self
-            .nodes
-            .get(&self.node_name)
+        let devices = publish(&self.snapshots.inventory()?, &self.config);
+        let limit = self.options.api_timeout;
+        let node = within(limit, self.nodes.get(&self.node_name))
             .await
             .map_err(|source| PublishError::Node { node: self.node_name.clone(), source })?;
-        let existing = self.slices.list(&ListParams::default().fields(&self.selector())).await.map_err(PublishError::List)?.items;
+        let existing = within(limit, self.slices.list(&ListParams::default().fields(&self.selector())))
+            .await
+            .map_err(PublishError::List)?
+            .items;
         let server_generation = existing.iter().map(|s| s.spec.pool.generation).max().unwrap_or(0);
         let mut pool = PoolIdentity {
             driver: self.config.driver_name.clone(),
@@ -283,45 +308,23 @@ impl Publisher {
             if current.is_some_and(|c| up_to_date(c, slice)) {
                 continue;
             }
-            let applied = self.slices.patch(&name, &params, &Patch::Apply(slice)).await;
+            let applied = within(limit, self.slices.patch(&name, &params, &Patch::Apply(slice))).await;
             self.count_write("apply", applied.is_ok());
             applied.map_err(|source| PublishError::Apply { name: name.clone(), source })?;
             outcome.applied += 1;
         }
         for stale in existing.iter().filter(|e| !desired.iter().any(|d| d.metadata.name == e.metadata.name)) {
             let name = stale.metadata.name.clone().unwrap_or_default();
-            let deleted = self.slices.delete(&name, &DeleteParams::default()).await;
+            let deleted = within(limit, self.slices.delete(&name, &DeleteParams::default())).await;
             self.count_write("delete", deleted.is_ok());
             match deleted {
                 Ok(_) => outcome.deleted += 1,
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(CallError::Api(kube::Error::Api(s))) if s.code == 404 => {}
                 Err(source) => return Err(PublishError::Delete { name, source }),
             }
         }
         self.generation = pool.generation;
-        if let Some(tx) = &self.health {
-            let list = devices
-                .iter()
-                .map(|d| DeviceHealthState {
-                    device: d.name.to_string(),
-                    healthy: d.health == vgpu_scheduling::Health::Healthy,
-                    message: if d.health == vgpu_scheduling::Health::Healthy {
-                        String::new()
-                    } else {
-                        format!("GPU {} is unhealthy", d.uuid)
-                    },
-                })
-                .collect::<Vec<_>>();
-            tx.send_if_modified(|current| {
-                let changed = *current != list;
-                if changed {
-                    *current = list;
-                }
-                changed
-            });
-        }
         self.published = Some(devices);
-        self.ready.store(true, std::sync::atomic::Ordering::SeqCst);
         Ok(outcome)
     }
 }
@@ -363,3 +366,6 @@ async fn watch_slices(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

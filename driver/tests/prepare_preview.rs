@@ -59,3 +59,21 @@ fn a_claim_for_another_node_or_device_is_refused_with_exit_2() {
     let (code, _, stderr) = preview(&CLAIM.replace("status:", "statusx:"), "n1");
     assert_eq!(code, 2, "{stderr}");
 }
+
+/// The preview runs the daemon's own prepare against an empty ledger: what the daemon refuses,
+/// it refuses, with the daemon's message.
+#[test]
+fn a_share_the_node_would_refuse_is_refused_with_the_daemons_reason() {
+    // 30Gi of a 24Gi card: the scheduler never writes it, the ledger refuses it.
+    let (code, stdout, stderr) = preview(&CLAIM.replace("memory: 6Gi", "memory: 30Gi"), "n1");
+    assert_eq!(code, 2, "{stdout}");
+    assert!(stderr.contains("device hami-gpu-1: memory requested 30Gi, only 24Gi of 24Gi free"), "{stderr}");
+    // A zero memory share would read as "unlimited" to HAMi-core.
+    let (code, _, stderr) = preview(&CLAIM.replace("memory: 6Gi", "memory: \"0\""), "n1");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("below the minimum"), "{stderr}");
+    // A name that could address another object is refused before anything else.
+    let (code, _, stderr) = preview(&CLAIM.replace("name: c1,", "name: c1/status,"), "n1");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("object name \"c1/status\" is invalid"), "{stderr}");
+}

@@ -209,6 +209,18 @@ impl ControlPlane {
         components().unwrap_or_else(|_| unreachable!("started, so found"))
     }
 
+    /// Freezes kube-apiserver (SIGSTOP) until the returned guard is dropped: the server keeps its
+    /// port and the kernel still accepts connections, but nothing is answered, as with a hung
+    /// server. Nothing that needs the API works meanwhile, teardown included, so keep the guard's
+    /// scope short.
+    ///
+    /// # Errors
+    /// When the signal cannot be sent.
+    pub fn freeze_apiserver(&self) -> anyhow::Result<FrozenApiServer<'_>> {
+        self.apiserver.signal("STOP")?;
+        Ok(FrozenApiServer { apiserver: &self.apiserver })
+    }
+
     /// Waits until the scheduler has allocated claim `namespace/name` and returns its first
     /// device result (`driver`, `pool`, `device`, `shareID`, `consumedCapacity`).
     ///
@@ -242,6 +254,25 @@ impl ControlPlane {
         self.kubectl.run(&["patch", "node", name, "--type=merge", "-p", r#"{"spec":{"taints":null}}"#])?;
         let uid = self.kubectl.run(&["get", "node", name, "-o", "jsonpath={.metadata.uid}"])?;
         Ok(uid.trim().to_owned())
+    }
+}
+
+/// A frozen kube-apiserver ([`ControlPlane::freeze_apiserver`]); dropping it lets the server run
+/// again (SIGCONT), also when the test panics.
+pub struct FrozenApiServer<'a> {
+    apiserver: &'a ManagedProcess,
+}
+
+impl FrozenApiServer<'_> {
+    /// Lets the server run again.
+    pub fn thaw(self) {}
+}
+
+impl Drop for FrozenApiServer<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.apiserver.signal("CONT") {
+            eprintln!("thawing kube-apiserver: {e:#}");
+        }
     }
 }
 

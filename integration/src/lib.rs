@@ -12,7 +12,7 @@ mod kubelet_sim;
 mod process;
 
 pub use components::{Components, components};
-pub use control_plane::{ControlPlane, Kubectl, PlaneOptions, write_kubeconfig};
+pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, write_kubeconfig};
 pub use driver::{driver_binary, node_host_dir, start_driver, start_driver_as};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};
 pub use process::{ManagedProcess, free_port};

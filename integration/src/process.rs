@@ -71,6 +71,17 @@ impl ManagedProcess {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Sends `signal` (a name such as `STOP` or `CONT`) to the process.
+    ///
+    /// # Errors
+    /// When the process has been stopped already or `kill` refuses.
+    pub fn signal(&self, signal: &str) -> anyhow::Result<()> {
+        let pid = self.pid().with_context(|| format!("{} is not running", self.name))?;
+        let status = Command::new("kill").arg("-s").arg(signal).arg(pid.to_string()).status().context("running kill")?;
+        anyhow::ensure!(status.success(), "kill -s {signal} {pid} ({}) failed", self.name);
+        Ok(())
+    }
+
     /// Kills the process and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -7,20 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DRIVER, Dirs, NODE, claim_response, claim_with, driver, driver_with};
+use common::{DRIVER, Dirs, NODE, claim_response, claim_with, driver, driver_with, kubelet};
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, ManagedProcess};
-
-fn kubelet(dirs: &Dirs) -> KubeletSim {
-    let mut k = KubeletSim::start(
-        &dirs.kubelet.join("plugins_registry"),
-        DRIVER,
-        &KubeletSimOptions { node_name: NODE.into(), ..Default::default() },
-    )
-    .unwrap();
-    k.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER && e.get("error").is_none()).unwrap();
-    k
-}
+use vgpu_dra_integration::{ControlPlane, ManagedProcess};
 
 fn ok(reply: &Value, uid: &str) -> bool {
     reply.get("error").is_none() && claim_response(reply, uid).get("error").is_none_or(|e| e.as_str() == Some(""))

@@ -5,11 +5,14 @@ use std::collections::BTreeMap;
 
 use crate::{DeviceName, Quantity, Uid};
 
-/// One claim's share of one device.
+/// One claim's share of one device: one allocation result. Two requests of one claim on the
+/// same device are two shares, never one.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ShareKey {
     /// The claim.
     pub claim: Uid,
+    /// The claim's request (with subrequest, `req/sub`) the result answers.
+    pub request: String,
     /// The device.
     pub device: DeviceName,
     /// The scheduler's share ID, for devices with multiple allocations.
@@ -114,9 +117,23 @@ impl Ledger {
                 Err(AdmitError::Conflict { claim: key.claim, device: key.device })
             };
         }
+        self.fits(&key, &consumption)?;
+        self.shares.insert(key, consumption);
+        Ok(())
+    }
+
+    /// Whether a new share `key` taking `consumption` fits beside the admitted ones.
+    #[allow(clippy::result_large_err)]
+    fn fits(&self, key: &ShareKey, consumption: &Consumption) -> Result<(), AdmitError> {
+        match self.shares.get(key) {
+            // Already counted: checking it against a total that includes it would count it twice.
+            Some(existing) if existing == consumption => return Ok(()),
+            Some(_) => return Err(AdmitError::Conflict { claim: key.claim.clone(), device: key.device.clone() }),
+            None => {}
+        }
         let totals = self.capacity.get(&key.device).ok_or_else(|| AdmitError::UnknownDevice(key.device.clone()))?;
         let used = self.used(&key.device);
-        for (name, requested) in &consumption {
+        for (name, requested) in consumption {
             let device = || key.device.clone();
             if requested.is_negative() {
                 return Err(AdmitError::Negative { device: device(), capacity: name.clone(), amount: *requested });
@@ -124,7 +141,8 @@ impl Ledger {
             let total =
                 *totals.get(name).ok_or_else(|| AdmitError::UnknownCapacity { device: device(), capacity: name.clone() })?;
             let taken = used.get(name).copied().unwrap_or(Quantity::ZERO);
-            let free = total.checked_sub(taken).unwrap_or(Quantity::ZERO);
+            // Saturates at zero: a device that is already over (restored shares) has nothing free.
+            let free = total.checked_sub(taken).ok().filter(|f| !f.is_negative()).unwrap_or(Quantity::ZERO);
             if *requested > free {
                 return Err(AdmitError::OverCapacity {
                     device: device(),
@@ -135,8 +153,39 @@ impl Ledger {
                 });
             }
         }
-        self.shares.insert(key, consumption);
         Ok(())
+    }
+
+    /// Records a share that is already in use (a prepared claim found at start-up) whether or
+    /// not it fits: a container runs with it, so it must count. Returns the first capacity it
+    /// takes past the device's total, if any; while a device is over, [`Ledger::admit`] refuses
+    /// every new share of it (nothing is free).
+    #[allow(clippy::result_large_err)]
+    pub fn restore(&mut self, key: ShareKey, consumption: Consumption) -> Option<AdmitError> {
+        let over = match self.fits(&key, &consumption) {
+            Ok(()) => None,
+            Err(e @ AdmitError::Conflict { .. }) => return Some(e),
+            Err(e) => Some(e),
+        };
+        self.shares.insert(key, consumption);
+        over
+    }
+
+    /// Devices whose admitted shares take more than the device has of some capacity (after a
+    /// restart with a smaller configuration, or a device that shrank), with that capacity.
+    pub fn overcommitted(&self) -> Vec<(DeviceName, String)> {
+        let devices: std::collections::BTreeSet<&DeviceName> = self.shares.keys().map(|k| &k.device).collect();
+        let mut out = Vec::new();
+        for device in devices {
+            let used = self.used(device);
+            let Some(totals) = self.capacity.get(device) else { continue };
+            for (name, amount) in &used {
+                if totals.get(name).is_some_and(|total| amount > total) {
+                    out.push((device.clone(), name.clone()));
+                }
+            }
+        }
+        out
     }
 
     /// Releases a share; unknown shares are ignored. Returns whether one was released.

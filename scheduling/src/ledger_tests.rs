@@ -11,7 +11,12 @@ fn dev(name: &str) -> DeviceName {
 }
 
 fn key(claim: &str, device: &str) -> ShareKey {
-    ShareKey { claim: Uid::new(claim).unwrap(), device: dev(device), share: Some(Uid::new(format!("s-{claim}")).unwrap()) }
+    ShareKey {
+        claim: Uid::new(claim).unwrap(),
+        request: "gpu".into(),
+        device: dev(device),
+        share: Some(Uid::new(format!("s-{claim}")).unwrap()),
+    }
 }
 
 fn use_of(memory: &str, cores: &str) -> Consumption {
@@ -76,7 +81,7 @@ proptest! {
         let mut l = Ledger::new(BTreeMap::from([(dev("g"), Consumption::from([
             ("memory".into(), Quantity::from_bytes(total_mib << 20)), ("cores".into(), q("100"))]))]));
         for (claim, mib, cores, release) in ops {
-            let k = ShareKey { claim: Uid::new(format!("c{claim}")).unwrap(), device: dev("g"), share: None };
+            let k = ShareKey { claim: Uid::new(format!("c{claim}")).unwrap(), request: "gpu".into(), device: dev("g"), share: None };
             if release {
                 l.release(&k);
             } else {
@@ -87,4 +92,36 @@ proptest! {
             prop_assert!(used.get("cores").is_none_or(|c| c.value_ceil().unwrap() <= 100));
         }
     }
+}
+
+#[test]
+fn two_requests_of_one_claim_on_one_device_are_two_shares() {
+    let mut l = ledger();
+    let first = ShareKey { claim: Uid::new("a").unwrap(), request: "r1".into(), device: dev("hami-gpu-0"), share: None };
+    let second = ShareKey { request: "r2".into(), ..first.clone() };
+    l.admit(first, use_of("4Gi", "10")).unwrap();
+    l.admit(second, use_of("4Gi", "10")).unwrap();
+    let used = l.used(&dev("hami-gpu-0"));
+    assert_eq!((used["memory"].to_string(), used["shares"].to_string()), ("8Gi".into(), "2".into()));
+}
+
+#[test]
+fn restored_shares_count_even_past_capacity_and_block_new_ones() {
+    let mut l = ledger();
+    // Prepared under a larger configuration: 2 x 10Gi on what is now a 15Gi card.
+    assert!(l.restore(key("a", "hami-gpu-0"), use_of("10Gi", "10")).is_none());
+    let over = l.restore(key("b", "hami-gpu-0"), use_of("10Gi", "10")).unwrap();
+    assert!(over.to_string().contains("memory requested 10Gi, only 5Gi of 15Gi free"), "{over}");
+    assert_eq!(l.used(&dev("hami-gpu-0"))["memory"].to_string(), "20Gi");
+    assert_eq!(l.overcommitted(), vec![(dev("hami-gpu-0"), "memory".to_owned())]);
+    // Restoring the same share again changes nothing and is not counted twice.
+    assert!(l.restore(key("a", "hami-gpu-0"), use_of("10Gi", "10")).is_none());
+    assert_eq!(l.used(&dev("hami-gpu-0"))["memory"].to_string(), "20Gi");
+    // Nothing is free while the device is over, not even a tiny share.
+    let err = l.admit(key("c", "hami-gpu-0"), use_of("1Mi", "0")).unwrap_err();
+    assert!(matches!(err, AdmitError::OverCapacity { .. }), "{err}");
+    // Releasing one brings it back under; the ledger is the sum of what remains.
+    l.release_claim(&Uid::new("b").unwrap());
+    assert!(l.overcommitted().is_empty());
+    assert_eq!(l.used(&dev("hami-gpu-0"))["memory"].to_string(), "10Gi");
 }

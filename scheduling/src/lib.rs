@@ -12,7 +12,7 @@ pub use quantity::{Format, Quantity, QuantityError};
 pub mod names;
 pub mod policy;
 
-pub use names::{DeviceName, DriverName, NameError, Uid};
+pub use names::{DeviceName, DriverName, NameError, Namespace, ObjectName, Uid};
 pub use policy::{Capacity, PolicyError, RequestPolicy, ValidRequests};
 pub mod config;
 pub mod device;
@@ -28,4 +28,4 @@ pub mod compat;
 pub mod limits;
 
 pub use compat::{CompatError, DeviceRequest, from_hami_limits};
-pub use limits::{DeviceShare, LimitError, LimitOptions, container_env};
+pub use limits::{DeviceShare, LimitError, LimitOptions, container_env, per_card};

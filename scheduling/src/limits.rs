@@ -40,6 +40,28 @@ pub enum LimitError {
     /// No device at all.
     #[error("no devices to limit")]
     NoDevices,
+    /// A share of no memory: `CUDA_DEVICE_MEMORY_LIMIT_<i>=0m` means "unlimited" to HAMi-core.
+    #[error("the share of {0} has no memory; HAMi-core would read a zero limit as unlimited")]
+    NoMemory(String),
+}
+
+/// The shares as the container sees them: one entry per card, in order of first appearance,
+/// with the amounts of every share on that card summed. Two requests of one claim placed on the
+/// same card are one CUDA device inside the container, so they get one limit holding both
+/// (never `_0` and `_1` for one card). Cores are capped at a whole card.
+pub fn per_card(shares: &[DeviceShare]) -> Vec<DeviceShare> {
+    let mut cards: Vec<DeviceShare> = Vec::new();
+    for share in shares {
+        match cards.iter_mut().find(|c| c.uuid == share.uuid) {
+            Some(card) => {
+                card.memory = card.memory.checked_add(share.memory).unwrap_or(card.memory);
+                let cores = card.cores.checked_add(share.cores).unwrap_or(card.cores);
+                card.cores = cores.min(Quantity::from_int(100, crate::Format::DecimalSI));
+            }
+            None => cards.push(share.clone()),
+        }
+    }
+    cards
 }
 
 /// `CUDA_DEVICE_MEMORY_LIMIT_<i>` value: whole MiB rounded down, with HAMi's `m` suffix, never
@@ -58,15 +80,21 @@ pub fn sm_limit(cores: Quantity) -> String {
 }
 
 /// The environment for a container holding `shares` (in CUDA order), with the shared cache file
-/// in `cache_dir`.
+/// in `cache_dir`. Shares on the same card are merged first ([`per_card`]), so every index is
+/// one distinct card.
 ///
 /// # Errors
-/// [`LimitError`] for no devices or more than HAMi-core handles.
+/// [`LimitError`] for no devices, more than HAMi-core handles, or a zero memory share (which
+/// HAMi-core would read as "no limit").
 pub fn container_env(
     shares: &[DeviceShare],
     cache_dir: &str,
     options: &LimitOptions,
 ) -> Result<Vec<(String, String)>, LimitError> {
+    let shares = &per_card(shares);
+    if let Some(share) = shares.iter().find(|s| s.memory.nanos() <= 0) {
+        return Err(LimitError::NoMemory(share.uuid.clone()));
+    }
     if shares.is_empty() {
         return Err(LimitError::NoDevices);
     }
@@ -156,6 +184,29 @@ mod tests {
         assert_eq!(get(&mixed, "CUDA_OVERSUBSCRIBE"), Some("true"));
         assert_eq!(get(&mixed, "LIBCUDA_LOG_LEVEL"), Some("2"));
         assert_eq!(get(&mixed, "GPU_CORE_UTILIZATION_POLICY"), Some("force"));
+    }
+
+    #[test]
+    fn shares_on_one_card_are_one_device_with_the_sum() {
+        let env = container_env(
+            &[share("GPU-a", "4Gi", "30"), share("GPU-b", "2Gi", "10"), share("GPU-a", "8Gi", "90")],
+            "/c",
+            &LimitOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(get(&env, "NVIDIA_VISIBLE_DEVICES"), Some("GPU-a,GPU-b"));
+        assert_eq!(get(&env, "CUDA_DEVICE_MEMORY_LIMIT_0"), Some("12288m"));
+        assert_eq!(get(&env, "CUDA_DEVICE_SM_LIMIT_0"), Some("100"), "capped at a whole card");
+        assert_eq!(get(&env, "CUDA_DEVICE_MEMORY_LIMIT_1"), Some("2048m"));
+        assert_eq!(get(&env, "CUDA_DEVICE_MEMORY_LIMIT_2"), None);
+    }
+
+    #[test]
+    fn a_share_without_memory_is_never_unlimited() {
+        for memory in ["0", "-1Mi"] {
+            let err = container_env(&[share("GPU-a", memory, "10")], "/c", &LimitOptions::default()).unwrap_err();
+            assert_eq!(err, LimitError::NoMemory("GPU-a".into()));
+        }
     }
 
     #[test]

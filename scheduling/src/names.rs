@@ -110,6 +110,26 @@ name_type!(
     }
 );
 
+name_type!(
+    /// A namespace name (a DNS label), checked before it reaches an API path.
+    Namespace, "namespace", is_dns_label
+);
+
+name_type!(
+    /// An object name (a DNS subdomain: dot-separated DNS labels, at most 253 characters), such
+    /// as a ResourceClaim's or a Pod's; checked before it reaches an API path, so a name like
+    /// `c/status` can never address another object or a subresource.
+    ObjectName, "object name", |s| {
+        if s.is_empty() || s.len() > 253 {
+            return Err("it must be 1 to 253 characters");
+        }
+        if s.split('.').any(|label| is_dns_label(label).is_err()) {
+            return Err("it must be dot-separated lowercase DNS labels");
+        }
+        Ok(())
+    }
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,5 +151,19 @@ mod tests {
         let parsed: Uid = serde_json::from_str("\"abc-1\"").unwrap();
         assert_eq!(parsed.as_str(), "abc-1");
         assert!(serde_json::from_str::<Uid>("\"../etc\"").is_err());
+    }
+
+    #[test]
+    fn object_names_never_carry_a_path() {
+        for good in ["c", "gpu-claim-1", "a.b.c", &"a".repeat(63)] {
+            assert!(ObjectName::new(good).is_ok(), "{good:?}");
+        }
+        for bad in ["", "c/status", "..", "a..b", ".a", "A", "a b", "c%2Fstatus", "c?x=1", &"a".repeat(254)] {
+            assert!(ObjectName::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(Namespace::new("default").is_ok());
+        for bad in ["", "a.b", "a/b", "Default", &"a".repeat(64)] {
+            assert!(Namespace::new(bad).is_err(), "{bad:?}");
+        }
     }
 }

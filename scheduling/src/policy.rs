@@ -105,6 +105,17 @@ fn round_up_to_step(request: Quantity, min: Quantity, step: Quantity) -> Quantit
 }
 
 impl RequestPolicy {
+    /// The least any allocation can consume under this policy (`None`: no lower bound but zero):
+    /// what the scheduler raises smaller requests to. A share below it was not written by the
+    /// scheduler, and for memory it would read as "no limit" to HAMi-core.
+    pub fn minimum(&self) -> Option<Quantity> {
+        match &self.valid {
+            ValidRequests::Range { min, .. } => Some(*min),
+            ValidRequests::Values(values) => values.first().copied(),
+            ValidRequests::Any => None,
+        }
+    }
+
     /// The scheduler's `violatesPolicy` on a consumed amount.
     fn check(&self, consumed: Quantity) -> Result<(), PolicyError> {
         if self.default == Some(consumed) {

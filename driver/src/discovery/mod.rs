@@ -1,51 +1,91 @@
 //! Where the node's GPUs come from: NVML on a real node, a mock inventory elsewhere.
+//!
+//! The daemon never reads a source on its async runtime: the [`DeviceLoop`] reads it on threads
+//! of its own, card by card, each read under a deadline, and shares the result as a snapshot
+//! ([`SnapshotSource`]) that the publisher, prepare, metrics and the health stream read without
+//! I/O. One-shot commands (`inventory`, `prepare-preview`) read a source directly.
 
+pub mod device_loop;
 pub mod mock;
+pub mod mock_file;
 pub mod nvml;
+pub mod snapshot;
+mod worker;
 pub mod xid;
 
-use std::path::{Path, PathBuf};
+pub use device_loop::{DeviceLoop, DeviceLoopOptions};
+pub use mock_file::MockFileSource;
+pub use snapshot::SnapshotSource;
 
-use vgpu_scheduling::Inventory;
+use std::path::PathBuf;
+
+use vgpu_scheduling::{Gpu, Inventory};
+
+/// The node-wide part of an inventory: versions and which cards there are, before any card is
+/// read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CardList {
+    /// Kernel driver version, such as `550.54.15`.
+    pub driver_version: String,
+    /// CUDA driver API version, `(major, minor)`.
+    pub cuda_driver_version: (u32, u32),
+    /// NVML indices of the cards present, lost ones included.
+    pub indices: Vec<u32>,
+}
 
 /// A source of the node's GPU inventory.
+///
+/// Reads may block (NVML, files); callers on an async runtime read a [`SnapshotSource`] instead.
+/// A source whose cards can be read one by one implements [`DeviceSource::cards`] and
+/// [`DeviceSource::card`], so the device loop can give each card its own deadline; the defaults
+/// read the whole inventory, which suits sources that never block.
 pub trait DeviceSource: Send + Sync {
     /// Reads the current inventory.
     ///
     /// # Errors
     /// [`DiscoveryError`] saying which step of discovery failed.
     fn inventory(&self) -> Result<Inventory, DiscoveryError>;
-}
 
-/// A source whose successful reads are reused for `ttl`: prepares and metric scrapes come in
-/// bursts, and an NVML read is a round of driver queries each time. Errors are never reused.
-pub struct CachedSource {
-    inner: std::sync::Arc<dyn DeviceSource>,
-    ttl: std::time::Duration,
-    last: std::sync::Mutex<Option<(std::time::Instant, Inventory)>>,
-}
+    /// Reads the node-wide facts and lists the cards without reading them.
+    ///
+    /// # Errors
+    /// [`DiscoveryError`] saying which step of discovery failed.
+    fn cards(&self) -> Result<CardList, DiscoveryError> {
+        let inventory = self.inventory()?;
+        Ok(CardList {
+            driver_version: inventory.driver_version,
+            cuda_driver_version: inventory.cuda_driver_version,
+            indices: inventory.gpus.iter().map(|g| g.index).collect(),
+        })
+    }
 
-impl CachedSource {
-    /// Caches `inner`'s reads for `ttl`.
-    pub fn new(inner: std::sync::Arc<dyn DeviceSource>, ttl: std::time::Duration) -> Self {
-        Self { inner, ttl, last: std::sync::Mutex::new(None) }
+    /// Reads the card with NVML index `index`.
+    ///
+    /// # Errors
+    /// [`DiscoveryError::CardLost`] when the card fell off the bus, [`DiscoveryError::NoSuchCard`]
+    /// when there is none by that index, other variants when a query failed.
+    fn card(&self, index: u32) -> Result<Gpu, DiscoveryError> {
+        self.inventory()?.gpus.into_iter().find(|g| g.index == index).ok_or(DiscoveryError::NoSuchCard { index })
     }
 }
 
-impl DeviceSource for CachedSource {
-    fn inventory(&self) -> Result<Inventory, DiscoveryError> {
-        if let Ok(last) = self.last.lock()
-            && let Some((at, inventory)) = last.as_ref()
-            && at.elapsed() < self.ttl
-        {
-            return Ok(inventory.clone());
+/// The whole inventory through [`DeviceSource::cards`] and [`DeviceSource::card`], for sources
+/// whose per-card reads are the primitive. A lost card is left out with a warning (a one-shot
+/// read has no earlier details to report it with).
+///
+/// # Errors
+/// The first failure other than a lost card.
+pub fn read_all(source: &(impl DeviceSource + ?Sized)) -> Result<Inventory, DiscoveryError> {
+    let list = source.cards()?;
+    let mut gpus = Vec::with_capacity(list.indices.len());
+    for index in list.indices {
+        match source.card(index) {
+            Ok(gpu) => gpus.push(gpu),
+            Err(DiscoveryError::CardLost { .. }) => tracing::warn!(index, "GPU is lost (fell off the bus); left out"),
+            Err(e) => return Err(e),
         }
-        let fresh = self.inner.inventory()?;
-        if let Ok(mut last) = self.last.lock() {
-            *last = Some((std::time::Instant::now(), fresh.clone()));
-        }
-        Ok(fresh)
     }
+    Ok(Inventory { driver_version: list.driver_version, cuda_driver_version: list.cuda_driver_version, gpus })
 }
 
 /// Discovery failures.
@@ -54,7 +94,7 @@ pub enum DiscoveryError {
     /// A `--mock-gpus` spec is malformed.
     #[error(transparent)]
     MockSpec(#[from] mock::MockSpecError),
-    /// A `--mock-inventory` file cannot be read or parsed.
+    /// A `--mock-inventory` file cannot be read or parsed, or simulates a failure.
     #[error("mock inventory {path}: {reason}")]
     MockFile {
         /// The file.
@@ -73,69 +113,19 @@ pub enum DiscoveryError {
         /// NVML's answer.
         reason: String,
     },
-}
-
-/// A mock inventory read from a JSON or YAML file on every call, so tests and operators can
-/// change cards and health by editing it.
-#[derive(Debug, Clone)]
-pub struct MockFileSource {
-    path: PathBuf,
-}
-
-impl MockFileSource {
-    /// A source reading `path`.
-    pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
-    }
-
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl DeviceSource for MockFileSource {
-    fn inventory(&self) -> Result<Inventory, DiscoveryError> {
-        let err = |reason: String| DiscoveryError::MockFile { path: self.path.clone(), reason };
-        let text = std::fs::read_to_string(&self.path).map_err(|e| err(e.to_string()))?;
-        if self.path.extension().is_some_and(|e| e == "json") {
-            serde_json::from_str(&text).map_err(|e| err(e.to_string()))
-        } else {
-            serde_saphyr::from_str(&text).map_err(|e| err(e.to_string()))
-        }
-    }
-}
-
-#[cfg(test)]
-mod cache_tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
-
-    use super::*;
-
-    struct Counting(AtomicUsize);
-
-    impl DeviceSource for Counting {
-        fn inventory(&self) -> Result<Inventory, DiscoveryError> {
-            let n = self.0.fetch_add(1, Ordering::SeqCst);
-            if n == 1 {
-                return Err(DiscoveryError::NvmlUnavailable("flaky".into()));
-            }
-            mock::MockSource::new("n1", mock::parse_spec("1xTesla T4:15Gi").unwrap()).inventory()
-        }
-    }
-
-    #[test]
-    fn reuses_reads_within_ttl_and_never_errors() {
-        let inner = Arc::new(Counting(AtomicUsize::new(0)));
-        let cached = CachedSource::new(inner.clone(), Duration::from_secs(60));
-        cached.inventory().unwrap();
-        cached.inventory().unwrap();
-        assert_eq!(inner.0.load(Ordering::SeqCst), 1, "the second read came from the cache");
-        let expired = CachedSource::new(inner.clone(), Duration::ZERO);
-        assert!(expired.inventory().is_err(), "a failing read is passed on");
-        expired.inventory().unwrap();
-        assert!(expired.inventory().is_ok());
-    }
+    /// A card fell off the bus.
+    #[error("GPU {index} is lost (fell off the bus)")]
+    CardLost {
+        /// Its NVML index.
+        index: u32,
+    },
+    /// No card has this index (any more).
+    #[error("no GPU with index {index}")]
+    NoSuchCard {
+        /// The index asked for.
+        index: u32,
+    },
+    /// The device loop has not finished a first read yet.
+    #[error("no GPU inventory read yet (the device loop logs why)")]
+    NoSnapshot,
 }

@@ -6,19 +6,17 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 use vgpu_scheduling::{Gpu, Health, Inventory, MigDevice};
 
-use super::{DeviceSource, DiscoveryError};
+use super::{CardList, DeviceSource, DiscoveryError};
 
 /// NVML's "MIG enabled" mode value.
 const MIG_ENABLED: u32 = 1;
 /// More MIG instances than any card supports: the scan stops at the first missing index.
 const MAX_MIG_SCAN: u32 = 8;
 
-/// The NVML device source; holds the loaded library.
+/// The NVML device source; holds the loaded library. NVML may be called from several threads
+/// at once, so the device loop reads each card on a thread of its own.
 pub struct NvmlSource {
     nvml: Nvml,
-    /// The last inventory read, so a card that falls off the bus is reported unhealthy instead
-    /// of vanishing from the pool.
-    last: std::sync::Mutex<Option<Inventory>>,
     /// Cards a critical XID has marked unhealthy; `None` for one-shot reads.
     xid: Option<super::xid::XidWatch>,
 }
@@ -35,9 +33,7 @@ impl NvmlSource {
     /// # Errors
     /// [`DiscoveryError::NvmlUnavailable`] when the library or driver is missing.
     pub fn new() -> Result<Self, DiscoveryError> {
-        Nvml::init()
-            .map(|nvml| Self { nvml, last: std::sync::Mutex::new(None), xid: None })
-            .map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
+        Nvml::init().map(|nvml| Self { nvml, xid: None }).map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
     }
 
     /// Also watches XID events, so a card that faults turns unhealthy without waiting for NVML
@@ -67,61 +63,50 @@ fn step<T>(what: &'static str, r: Result<T, NvmlError>) -> Result<T, DiscoveryEr
 
 impl DeviceSource for NvmlSource {
     fn inventory(&self) -> Result<Inventory, DiscoveryError> {
+        super::read_all(self)
+    }
+
+    fn cards(&self) -> Result<CardList, DiscoveryError> {
         let nvml = &self.nvml;
         let driver_version = step("driver version", nvml.sys_driver_version())?;
         let cuda = step("CUDA driver version", nvml.sys_cuda_driver_version())?;
         let cuda_major = u32::try_from(cuda / 1000).unwrap_or(0);
         let cuda_minor = u32::try_from((cuda % 1000) / 10).unwrap_or(0);
-        let mut gpus = Vec::new();
-        for index in 0..step("device count", nvml.device_count())? {
-            let dev = match nvml.device_by_index(index) {
-                Ok(dev) => dev,
-                // A lost card is reported, not hidden: publish it unhealthy with what is known.
-                Err(NvmlError::GpuLost) => {
-                    tracing::warn!(index, "GPU is lost (fell off the bus)");
-                    if let Some(mut known) = self.last_known(index) {
-                        known.health = Health::Unhealthy;
-                        gpus.push(known);
-                    }
-                    continue;
-                }
-                Err(e) => return Err(DiscoveryError::Nvml { what: "device handle", reason: describe(&e) }),
-            };
-            let cc = step("compute capability", dev.cuda_compute_capability())?;
-            let mig = match dev.mig_mode() {
-                Ok(mode) if mode.current == MIG_ENABLED => Some(mig_devices(&dev)?),
-                _ => None,
-            };
-            gpus.push(Gpu {
-                uuid: step("uuid", dev.uuid())?,
-                minor: step("minor number", dev.minor_number())?,
-                index,
-                product_name: step("name", dev.name())?,
-                brand: dev.brand().map(|b| format!("{b:?}")).unwrap_or_default(),
-                memory_bytes: step("memory info", dev.memory_info())?.total,
-                architecture: dev.architecture().map(|a| a.to_string()).unwrap_or_default(),
-                compute_capability: (u32::try_from(cc.major).unwrap_or(0), u32::try_from(cc.minor).unwrap_or(0)),
-                pci_bus_id: step("PCI info", dev.pci_info())?.bus_id.to_lowercase(),
-                pcie_root: None,
-                multiprocessors: 0,
-                mig,
-                health: Health::Healthy,
-            });
-        }
-        let mut inventory = Inventory { driver_version, cuda_driver_version: (cuda_major, cuda_minor), gpus };
-        if let Some(watch) = &self.xid {
-            watch.marks().apply(&mut inventory);
-        }
-        if let Ok(mut last) = self.last.lock() {
-            *last = Some(inventory.clone());
-        }
-        Ok(inventory)
+        // NVML counts lost cards too, so they are read (and reported) rather than hidden.
+        let count = step("device count", nvml.device_count())?;
+        Ok(CardList { driver_version, cuda_driver_version: (cuda_major, cuda_minor), indices: (0..count).collect() })
     }
-}
 
-impl NvmlSource {
-    fn last_known(&self, index: u32) -> Option<Gpu> {
-        self.last.lock().ok()?.as_ref()?.gpus.iter().find(|g| g.index == index).cloned()
+    fn card(&self, index: u32) -> Result<Gpu, DiscoveryError> {
+        let dev = match self.nvml.device_by_index(index) {
+            Ok(dev) => dev,
+            Err(NvmlError::GpuLost) => return Err(DiscoveryError::CardLost { index }),
+            Err(e) => return Err(DiscoveryError::Nvml { what: "device handle", reason: describe(&e) }),
+        };
+        let cc = step("compute capability", dev.cuda_compute_capability())?;
+        let mig = match dev.mig_mode() {
+            Ok(mode) if mode.current == MIG_ENABLED => Some(mig_devices(&dev)?),
+            _ => None,
+        };
+        let mut gpu = Gpu {
+            uuid: step("uuid", dev.uuid())?,
+            minor: step("minor number", dev.minor_number())?,
+            index,
+            product_name: step("name", dev.name())?,
+            brand: dev.brand().map(|b| format!("{b:?}")).unwrap_or_default(),
+            memory_bytes: step("memory info", dev.memory_info())?.total,
+            architecture: dev.architecture().map(|a| a.to_string()).unwrap_or_default(),
+            compute_capability: (u32::try_from(cc.major).unwrap_or(0), u32::try_from(cc.minor).unwrap_or(0)),
+            pci_bus_id: step("PCI info", dev.pci_info())?.bus_id.to_lowercase(),
+            pcie_root: None,
+            multiprocessors: 0,
+            mig,
+            health: Health::Healthy,
+        };
+        if let Some(watch) = &self.xid {
+            watch.marks().apply_to(&mut gpu);
+        }
+        Ok(gpu)
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vgpu_scheduling::{Health, Inventory};
+use vgpu_scheduling::{Gpu, Health, Inventory};
 
 /// XIDs raised by an application's own faults (illegal access, exceptions, timeouts the
 /// program caused): the card stays usable, as NVIDIA's device plugin also treats them.
@@ -36,11 +36,13 @@ impl XidMarks {
 
     /// Marks the cards with a fatal XID unhealthy in `inventory`.
     pub fn apply(&self, inventory: &mut Inventory) {
-        let Ok(marks) = self.0.lock() else { return };
-        for gpu in &mut inventory.gpus {
-            if marks.contains_key(&gpu.uuid) {
-                gpu.health = Health::Unhealthy;
-            }
+        inventory.gpus.iter_mut().for_each(|gpu| self.apply_to(gpu));
+    }
+
+    /// Marks `gpu` unhealthy when it had a fatal XID.
+    pub fn apply_to(&self, gpu: &mut Gpu) {
+        if self.0.lock().is_ok_and(|marks| marks.contains_key(&gpu.uuid)) {
+            gpu.health = Health::Unhealthy;
         }
     }
 }

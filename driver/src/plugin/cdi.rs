@@ -73,12 +73,21 @@ pub enum BuildError {
     Name(#[from] NameError),
 }
 
-/// The CDI device name of one share: `<claimUID>-<device>[-<shareID>]`.
-pub fn cdi_device_name(claim: &ClaimRef, d: &ClaimDevice) -> String {
-    match &d.share_id {
-        Some(share) => format!("{}-{}-{share}", claim.uid, d.device),
-        None => format!("{}-{}", claim.uid, d.device),
-    }
+/// The CDI device name of each share, in the claim's order: `<claimUID>-<device>[-<shareID>]`
+/// (HAMi DRA's naming) for a card holding one share of the claim, `<claimUID>-<device>` for
+/// every share of a card holding several: they are one device inside the container, so they
+/// name one CDI device, with one limit for their sum.
+pub fn cdi_device_names(claim: &ClaimRef, devices: &[ClaimDevice]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|d| {
+            let shared = devices.iter().filter(|o| o.device == d.device).count() > 1;
+            match &d.share_id {
+                Some(share) if !shared => format!("{}-{}-{share}", claim.uid, d.device),
+                _ => format!("{}-{}", claim.uid, d.device),
+            }
+        })
+        .collect()
 }
 
 /// The host directory of a claim.
@@ -86,9 +95,10 @@ pub fn claim_dir(options: &CdiOptions, claim: &ClaimRef) -> PathBuf {
     options.claims_root.join(claim.uid.as_str())
 }
 
-/// Builds the claim's spec. Limits are indexed in the claim's device order, which is the CUDA
-/// order inside the container; they sit at spec level so every container of the claim gets all
-/// of them, and each device adds its own card's node.
+/// Builds the claim's spec. Limits are indexed by the claim's distinct cards in the order they
+/// first appear among its results, which is the CUDA order inside a container using the claim;
+/// shares of one card are summed into that card's one limit. The limits sit at spec level so
+/// every container of the claim gets all of them, and each device adds its own card's node.
 ///
 /// # Errors
 /// [`BuildError`] when the limits or names cannot be expressed.
@@ -99,19 +109,22 @@ pub fn build_spec(
     published: &[PublishedDevice],
 ) -> Result<Spec, BuildError> {
     let mut shares = Vec::new();
-    let mut cdi_devices = Vec::new();
-    for d in devices {
+    let mut cdi_devices: Vec<Device> = Vec::new();
+    for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {
         let card = published.iter().find(|p| p.name == d.device);
         let get = |name: &str| d.consumption.get(name).copied().unwrap_or(Quantity::ZERO);
         shares.push(DeviceShare {
-            uuid: card.map(|c| c.uuid.clone()).unwrap_or_default(),
+            uuid: card.map_or_else(|| d.device.to_string(), |c| c.uuid.clone()),
             memory: get(CAPACITY_MEMORY),
             cores: get(CAPACITY_CORES),
         });
+        if cdi_devices.iter().any(|c| c.name == name) {
+            continue;
+        }
         let minor = card.map_or(0, |c| c.minor);
         let nodes = device_node(options, &format!("nvidia{minor}"), Some(i64::from(minor))).into_iter().collect();
         cdi_devices.push(Device {
-            name: cdi_device_name(claim, d),
+            name,
             annotations: BTreeMap::new(),
             container_edits: ContainerEdits { device_nodes: nodes, ..Default::default() },
         });
@@ -119,7 +132,7 @@ pub fn build_spec(
     let dir = claim_dir(options, claim);
     let env = container_env(&shares, &dir.display().to_string(), &options.limits)?;
     let mut spec = Spec::new(&options.kind, cdi_devices)?;
-    spec.annotations.insert(ANNOTATION_CLAIM.into(), format!("{}/{}", claim.namespace, claim.name));
+    spec.annotations.insert(ANNOTATION_CLAIM.into(), claim.key());
     let shared_nodes = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];
     spec.container_edits = ContainerEdits {
         env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),

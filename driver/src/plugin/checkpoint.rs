@@ -73,9 +73,34 @@ pub enum CheckpointError {
 pub struct Loaded {
     /// The claims with a valid record.
     pub claims: BTreeMap<Uid, PreparedClaim>,
-    /// Records that were corrupt, each already moved aside to the path given.
-    pub corrupt: Vec<(CheckpointError, PathBuf)>,
+    /// Records that were corrupt, each moved aside to the path given (`None`: it could not be
+    /// moved, and stays where it is).
+    pub corrupt: Vec<(CheckpointError, Option<PathBuf>)>,
+    /// Entries that are not records at all (directories, links, FIFOs) or could not be read:
+    /// skipped, never read blocking, never removed.
+    pub ignored: Vec<(PathBuf, String)>,
+    /// The version-1 file was corrupt: any claim may have lost its record.
+    pub legacy_lost: bool,
+    /// Records moved aside by an earlier start whose claim was not re-adopted yet (the API did
+    /// not answer then): the claim's spec is still its, not an orphan.
+    pub quarantined: Vec<PathBuf>,
 }
+
+impl Loaded {
+    /// Whether the record of `uid` may have been lost (a corrupt or unreadable entry under its
+    /// name, or a corrupt version-1 file): then a spec without a record is that claim's, to be
+    /// re-adopted through the API, not an orphan.
+    pub fn may_have_lost(&self, uid: &Uid) -> bool {
+        let named = |p: &Path| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&format!("{uid}.json")));
+        self.legacy_lost
+            || self.ignored.iter().any(|(p, _)| named(p))
+            || self.quarantined.iter().any(|p| named(p))
+            || self.corrupt.iter().any(|(e, _)| matches!(e, CheckpointError::Corrupt { path, .. } if named(path)))
+    }
+}
+
+/// The largest record read: a claim's devices and its spec are a few KiB.
+const MAX_RECORD_BYTES: u64 = 4 << 20;
 
 /// The checkpoint directory.
 #[derive(Debug, Clone)]
@@ -108,52 +133,67 @@ impl Checkpoint {
         self.dir.join(format!("{}.json", uid.as_str()))
     }
 
-    /// Reads every record, moving corrupt ones aside, and migrates a version-1 file.
+    /// Reads every record, moving corrupt ones aside, and migrates a version-1 file. Nothing in
+    /// the directory stops the load: entries that are not regular files are skipped without
+    /// being opened, and a record that cannot be read or moved is reported in [`Loaded`].
     ///
     /// # Errors
-    /// [`CheckpointError::Io`] when the directory cannot be read or a file moved or written.
+    /// [`CheckpointError::Io`] only when the directory itself cannot be listed.
     pub fn load(&self) -> Result<Loaded, CheckpointError> {
-        let io_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| CheckpointError::Io { path, source }
-        };
         let mut loaded = Loaded::default();
-        self.migrate(&mut loaded)?;
+        self.migrate(&mut loaded);
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(loaded),
             Err(source) => return Err(CheckpointError::Io { path: self.dir.clone(), source }),
         };
         for entry in entries {
-            let path = entry.map_err(io_err(&self.dir))?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-            if name.starts_with(crate::fsutil::TEMP_PREFIX) {
-                // A write cut short by a crash; the record it was replacing still stands.
-                fs::remove_file(&path).map_err(io_err(&path))?;
+            let Ok(entry) = entry else { continue };
+            let path = entry.path();
+            let name = entry.file_name().to_str().unwrap_or_default().to_owned();
+            let kind = cdi_spec::file::entry_kind(&path);
+            if let Ok(cdi_spec::file::EntryKind::Other(what)) = kind {
+                loaded.ignored.push((path, format!("a {what}, not a record")));
                 continue;
             }
-            let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".json")) else { continue };
+            if name.starts_with(crate::fsutil::TEMP_PREFIX) {
+                // A write cut short by a crash; the record it was replacing still stands.
+                if let Err(e) = fs::remove_file(&path) {
+                    loaded.ignored.push((path, format!("left-over temp file not removed: {e}")));
+                }
+                continue;
+            }
+            if name.contains(".json.corrupt-") {
+                loaded.quarantined.push(path);
+                continue;
+            }
+            let Some(stem) = name.strip_suffix(".json") else { continue };
             match read_record(&path, stem) {
                 Ok(claim) => {
                     loaded.claims.insert(claim.claim.uid.clone(), claim);
                 }
                 Err(e @ CheckpointError::Corrupt { .. }) => {
-                    let aside = quarantine(&path)?;
+                    let aside = quarantine(&path).ok();
                     loaded.corrupt.push((e, aside));
                 }
-                Err(e) => return Err(e),
+                Err(e) => loaded.ignored.push((path, format!("{:#}", anyhow::Error::from(e)))),
             }
         }
         Ok(loaded)
     }
 
-    /// Rewrites a version-1 file as records (a corrupt one is moved aside), then removes it.
-    fn migrate(&self, loaded: &mut Loaded) -> Result<(), CheckpointError> {
+    /// Rewrites a version-1 file as records (a corrupt one is moved aside), then removes it;
+    /// every failure is reported in `loaded`.
+    fn migrate(&self, loaded: &mut Loaded) {
         let path = self.legacy();
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => return Err(CheckpointError::Io { path, source }),
+        let bytes = match cdi_spec::file::read_regular(&path, MAX_RECORD_BYTES) {
+            Ok(Some(b)) => b,
+            Ok(None) => return,
+            Err(e) => {
+                loaded.legacy_lost = true;
+                loaded.ignored.push((path, format!("version-1 checkpoint unreadable: {e}")));
+                return;
+            }
         };
         let corrupt = |reason: String| CheckpointError::Corrupt { path: path.clone(), reason };
         let parsed = serde_json::from_slice::<Legacy>(&bytes).map_err(|e| corrupt(e.to_string())).and_then(|f| {
@@ -167,18 +207,26 @@ impl Checkpoint {
         });
         match parsed {
             Ok(claims) => {
-                for claim in claims.values() {
-                    self.record(claim)?;
+                // The old file goes only once every record stands on its own.
+                let written = claims.values().try_for_each(|claim| self.record(claim));
+                match written
+                    .and_then(|()| fs::remove_file(&path).map_err(|source| CheckpointError::Io { path: path.clone(), source }))
+                {
+                    Ok(()) => {
+                        tracing::info!(claims = claims.len(), from = %path.display(), "checkpoint migrated to one record per claim");
+                    }
+                    Err(e) => {
+                        loaded.ignored.push((path.clone(), format!("migration not finished: {:#}", anyhow::Error::from(e))))
+                    }
                 }
-                tracing::info!(claims = claims.len(), from = %path.display(), "checkpoint migrated to one record per claim");
-                fs::remove_file(&path).map_err(|source| CheckpointError::Io { path: path.clone(), source })?;
+                loaded.claims.extend(claims);
             }
             Err(e) => {
-                let aside = quarantine(&path)?;
+                loaded.legacy_lost = true;
+                let aside = quarantine(&path).ok();
                 loaded.corrupt.push((e, aside));
             }
         }
-        Ok(())
     }
 
     /// Writes `claim`'s record atomically (temp file, fsync, rename, directory fsync).
@@ -190,7 +238,20 @@ impl Checkpoint {
         let io_err = |source| CheckpointError::Io { path: path.clone(), source };
         let record = Record { version: VERSION, checksum: checksum(claim), claim: claim.clone() };
         let body = serde_json::to_vec(&record).map_err(|e| io_err(io::Error::other(e)))?;
-        crate::fsutil::write_atomically(&path, &body).map_err(io_err)
+        // Only the driver reads its records.
+        crate::fsutil::write_atomically(&path, &body, 0o600).map_err(io_err)
+    }
+
+    /// Removes the records of `uid` moved aside as corrupt, once the claim has been re-adopted
+    /// or is known gone; they are not needed to tell its spec from an orphan any more.
+    pub fn clear_quarantine(&self, uid: &Uid) {
+        let prefix = format!("{uid}.json.corrupt-");
+        let Ok(entries) = fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// Removes `uid`'s record durably; a missing one is fine.
@@ -205,7 +266,11 @@ impl Checkpoint {
 
 fn read_record(path: &Path, stem: &str) -> Result<PreparedClaim, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_owned(), reason };
-    let bytes = fs::read(path).map_err(|source| CheckpointError::Io { path: path.to_owned(), source })?;
+    let bytes = match cdi_spec::file::read_regular(path, MAX_RECORD_BYTES) {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return Err(CheckpointError::Io { path: path.to_owned(), source: io::ErrorKind::NotFound.into() }),
+        Err(source) => return Err(CheckpointError::Io { path: path.to_owned(), source }),
+    };
     let record: Record = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
     if record.version != VERSION {
         return Err(corrupt(format!("version {} is not {VERSION}", record.version)));
@@ -236,7 +301,7 @@ mod tests {
 
     fn sample(uid: &str) -> PreparedClaim {
         let uid = Uid::new(uid).unwrap();
-        let claim = ClaimRef { namespace: "ns".into(), name: "c".into(), uid };
+        let claim = ClaimRef::new("ns", "c", uid.as_str()).unwrap();
         let devices = vec![ClaimDevice {
             request: "gpu".into(),
             device: DeviceName::new("hami-gpu-0").unwrap(),
@@ -278,7 +343,8 @@ mod tests {
         let loaded = cp.load().unwrap();
         assert_eq!(loaded.claims.keys().map(Uid::as_str).collect::<Vec<_>>(), [B]);
         assert_eq!(loaded.corrupt.len(), 1);
-        assert!(loaded.corrupt[0].1.exists() && !a.exists());
+        assert!(loaded.corrupt[0].1.as_ref().unwrap().exists() && !a.exists());
+        assert!(loaded.may_have_lost(&Uid::new(A).unwrap()) && !loaded.may_have_lost(&Uid::new(B).unwrap()));
         // An edited record fails its checksum; one renamed to another claim is refused too.
         cp.record(&sample(A)).unwrap();
         fs::write(&a, fs::read_to_string(&a).unwrap().replace("4Gi", "8Gi")).unwrap();
@@ -286,6 +352,23 @@ mod tests {
         assert!(loaded.corrupt[0].0.to_string().contains("checksum mismatch"), "{}", loaded.corrupt[0].0);
         fs::copy(cp.dir().join(format!("{B}.json")), &a).unwrap();
         assert!(cp.load().unwrap().corrupt[0].0.to_string().contains("another name"));
+    }
+
+    #[test]
+    fn directories_links_and_fifos_are_skipped_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::new(dir.path().join("checkpoint"));
+        cp.record(&sample(A)).unwrap();
+        fs::create_dir(cp.dir().join(format!("{B}.json"))).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), cp.dir().join("dangling.json")).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(cp.dir().join("fifo.json")).status().unwrap().success());
+        fs::create_dir(cp.dir().join(format!("{}x", crate::fsutil::TEMP_PREFIX))).unwrap();
+        // Would block a plain read forever: the load must finish.
+        let loaded = cp.load().unwrap();
+        assert_eq!(loaded.claims.keys().map(Uid::as_str).collect::<Vec<_>>(), [A]);
+        assert_eq!(loaded.ignored.len(), 4, "{:?}", loaded.ignored);
+        assert!(loaded.may_have_lost(&Uid::new(B).unwrap()), "a directory in place of B's record");
+        assert!(cp.dir().join("fifo.json").exists(), "nothing is removed");
     }
 
     #[test]

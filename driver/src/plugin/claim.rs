@@ -2,17 +2,35 @@
 //! ours to prepare, and the shares it takes of which devices. Pure: no I/O.
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use vgpu_scheduling::{Consumption, DeviceName, DriverName, PublishedDevice, Quantity, ShareKey, Uid};
+use vgpu_scheduling::{
+    Consumption, DeviceName, DriverName, NameError, Namespace, ObjectName, PublishedDevice, Quantity, ShareKey, Uid,
+};
 
-/// A claim as the kubelet names it.
+/// A claim as the kubelet names it; every part validated, so none can reach an API path or a
+/// file name unchecked.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClaimRef {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Namespace,
     /// Name.
-    pub name: String,
+    pub name: ObjectName,
     /// UID.
     pub uid: Uid,
+}
+
+impl ClaimRef {
+    /// Checks the three parts the kubelet (or a file) gave.
+    ///
+    /// # Errors
+    /// [`NameError`] naming the part and the rule it breaks.
+    pub fn new(namespace: &str, name: &str, uid: &str) -> Result<Self, NameError> {
+        Ok(Self { namespace: Namespace::new(namespace)?, name: ObjectName::new(name)?, uid: Uid::new(uid)? })
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
 }
 
 impl std::fmt::Display for ClaimRef {
@@ -37,7 +55,12 @@ pub struct ClaimDevice {
 impl ClaimDevice {
     /// The ledger key of this share.
     pub fn key(&self, claim: &Uid) -> ShareKey {
-        ShareKey { claim: claim.clone(), device: self.device.clone(), share: self.share_id.clone() }
+        ShareKey {
+            claim: claim.clone(),
+            request: self.request.clone(),
+            device: self.device.clone(),
+            share: self.share_id.clone(),
+        }
     }
 }
 
@@ -99,6 +122,63 @@ pub enum ClaimError {
         /// How many consumers.
         count: usize,
     },
+    /// A share below what the device's request policy lets anyone consume: the scheduler never
+    /// writes that, and a zero memory share would mean "no limit" to HAMi-core.
+    #[error("claim {claim}: consumedCapacity {capacity} = {value} on {device} is below the minimum {minimum}")]
+    BelowMinimum {
+        /// The claim.
+        claim: String,
+        /// The device.
+        device: String,
+        /// The capacity.
+        capacity: String,
+        /// What the result says it consumes.
+        value: String,
+        /// The policy's minimum.
+        minimum: String,
+    },
+    /// Two results of one claim with the same request, device and share ID: one share counted
+    /// twice or once, either way wrong.
+    #[error("claim {claim}: request {request} has two results on {device} with the same share ID")]
+    DuplicateResult {
+        /// The claim.
+        claim: String,
+        /// The request.
+        request: String,
+        /// The device.
+        device: String,
+    },
+    /// A container of the pod uses this claim and another claim of this driver: both specs
+    /// would number their cards from 0 and the runtime keeps one, so one card would get the
+    /// other's limit.
+    #[error(
+        "claim {claim}: container {container} of pod {pod} also uses claim {other} of this driver; HAMi-core's limits are per container, so a container may use one vGPU claim (put all its GPUs in one claim)"
+    )]
+    SharedContainer {
+        /// The claim.
+        claim: String,
+        /// The other claim.
+        other: String,
+        /// The pod.
+        pod: String,
+        /// The container.
+        container: String,
+    },
+    /// A container uses only some requests of a claim with several: the claim's limits cover
+    /// all of them, so the container would get more than it asked.
+    #[error(
+        "claim {claim}: container {container} of pod {pod} uses only request(s) {requests:?} of a claim with several; its limits are per claim, so use the whole claim or one claim per container"
+    )]
+    PartialClaim {
+        /// The claim.
+        claim: String,
+        /// The pod.
+        pod: String,
+        /// The container.
+        container: String,
+        /// The requests it names.
+        requests: Vec<String>,
+    },
     /// A result names an invalid share ID.
     #[error("claim {claim}: shareID {value:?} is invalid")]
     BadShareId {
@@ -120,12 +200,12 @@ pub fn devices_of(
     node: &str,
     published: &[PublishedDevice],
 ) -> Result<Vec<ClaimDevice>, ClaimError> {
-    let label = format!("{}/{}", want.namespace, want.name);
+    let label = want.key();
     let actual = claim.metadata.uid.clone().unwrap_or_default();
     if actual != want.uid.as_str() {
         return Err(ClaimError::UidMismatch {
-            namespace: want.namespace.clone(),
-            name: want.name.clone(),
+            namespace: want.namespace.to_string(),
+            name: want.name.to_string(),
             expected: want.uid.to_string(),
             actual,
         });
@@ -174,6 +254,18 @@ pub fn devices_of(
                 })?,
                 None => capacity.consumed_by(None).unwrap_or(capacity.value),
             };
+            // Every share takes at least the policy minimum of every capacity (1Mi of memory,
+            // one of the split count), whatever the claim's status says.
+            let minimum = capacity.policy.as_ref().and_then(vgpu_scheduling::RequestPolicy::minimum).unwrap_or(Quantity::ZERO);
+            if amount < minimum || amount.is_negative() {
+                return Err(ClaimError::BelowMinimum {
+                    claim: label.clone(),
+                    device: dev.name.to_string(),
+                    capacity: name.clone(),
+                    value: amount.to_string(),
+                    minimum: minimum.to_string(),
+                });
+            }
             consumption.insert(name.clone(), amount);
         }
         if let Some(extra) = r.consumed_capacity.as_ref().and_then(|c| c.keys().find(|k| !dev.capacity.contains_key(*k))) {
@@ -188,9 +280,21 @@ pub fn devices_of(
             .as_ref()
             .map(|s| Uid::new(s.clone()).map_err(|_| ClaimError::BadShareId { claim: label.clone(), value: s.clone() }))
             .transpose()?;
+        if out.iter().any(|d: &ClaimDevice| d.request == r.request && d.device == dev.name && d.share_id == share_id) {
+            return Err(ClaimError::DuplicateResult { claim: label, request: r.request.clone(), device: r.device.clone() });
+        }
         out.push(ClaimDevice { request: r.request.clone(), device: dev.name.clone(), share_id, consumption });
     }
     Ok(out)
+}
+
+/// The pod a claim is reserved for (`reservedFor` of core `pods`), by name and UID.
+pub fn consumer(claim: &ResourceClaim) -> Option<(String, String)> {
+    let reserved = claim.status.as_ref()?.reserved_for.as_ref()?;
+    reserved
+        .iter()
+        .find(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|r| (r.name.clone(), r.uid.clone()))
 }
 
 /// Whether `claim` is allocated, at least in part, to `driver`'s devices in `node`'s pool (this
@@ -227,7 +331,7 @@ mod tests {
     }
 
     fn check(c: &ResourceClaim) -> Result<Vec<ClaimDevice>, ClaimError> {
-        let want = ClaimRef { namespace: "ns".into(), name: "c".into(), uid: Uid::new(UID).unwrap() };
+        let want = ClaimRef::new("ns", "c", UID).unwrap();
         devices_of(c, &want, &SharingConfig::default().driver_name, "n1", &published())
     }
 
@@ -272,6 +376,41 @@ mod tests {
         let mut unallocated = claim("", OURS);
         unallocated.status = None;
         assert_eq!(check(&unallocated).unwrap_err().to_string(), "claim ns/c is not allocated");
+    }
+
+    #[test]
+    fn every_share_takes_at_least_each_policy_minimum() {
+        for (capacity, zero) in [("memory", "0"), ("memory", "512Ki"), ("shares", "0"), ("memory", "-1Gi")] {
+            let result = OURS.replace(
+                &format!("{capacity}: {}", if capacity == "memory" { "4Gi" } else { "\"1\"" }),
+                &format!("{capacity}: \"{zero}\""),
+            );
+            assert_ne!(result, OURS, "{capacity}");
+            let err = check(&claim("", &result)).unwrap_err();
+            assert!(matches!(err, ClaimError::BelowMinimum { .. }), "{capacity}={zero}: {err}");
+            assert!(err.to_string().contains(&format!("consumedCapacity {capacity}")), "{err}");
+        }
+        // Zero cores is what the policy allows (no core limit), so it stands.
+        assert!(check(&claim("", &OURS.replace("cores: \"50\"", "cores: \"0\""))).is_ok());
+    }
+
+    #[test]
+    fn the_same_share_twice_is_refused_two_requests_on_one_card_are_two_shares() {
+        let no_share = "{driver: hami-core-gpu.project-hami.io, pool: n1, device: hami-gpu-0, request: gpu, consumedCapacity: {memory: 4Gi, cores: \"10\", shares: \"1\"}}";
+        let twice = claim("", &format!("{no_share}\n      - {no_share}"));
+        assert!(matches!(check(&twice), Err(ClaimError::DuplicateResult { .. })));
+        let two_requests = claim("", &format!("{no_share}\n      - {}", no_share.replace("request: gpu", "request: gpu2")));
+        let devices = check(&two_requests).unwrap();
+        let uid = Uid::new(UID).unwrap();
+        assert_ne!(devices[0].key(&uid), devices[1].key(&uid));
+    }
+
+    #[test]
+    fn claim_refs_are_validated() {
+        assert!(ClaimRef::new("ns", "c", UID).is_ok());
+        for (ns, name, uid) in [("ns", "c/status", UID), ("a/b", "c", UID), ("ns", "c", "../x"), ("ns", "", UID)] {
+            assert!(ClaimRef::new(ns, name, uid).is_err(), "{ns} {name} {uid}");
+        }
     }
 
     #[test]

@@ -1,12 +1,19 @@
 //! The kubelet plugin: registration with the kubelet, the DRA services, claim preparation with
-//! CDI specs and a checkpoint. One file per concern: `claim` (is this claim ours, which shares),
-//! `cdi` (the spec), `checkpoint` (persistence), `state` (the lock), `service` (gRPC).
+//! CDI specs and a checkpoint. One file per concern: `source` (reading claims and pods),
+//! `claim` (is this claim ours, which shares), `containers` (how the pod's containers use it),
+//! `cdi` (the spec), `host` (host files containers read), `checkpoint` (persistence), `state`
+//! (the lock: prepare and unprepare), `recovery` (start-up and periodic checks), `service`
+//! (gRPC), `health`, `toolkit` (the NVIDIA toolkit's own specs).
 
 pub mod cdi;
 pub mod checkpoint;
 pub mod claim;
+pub mod containers;
 pub mod health;
+pub mod host;
+pub mod recovery;
 pub mod service;
+pub mod source;
 pub mod state;
 pub mod toolkit;
 
@@ -60,6 +67,7 @@ pub async fn serve(
     state: Arc<State>,
     health: HealthService,
     registered: Arc<AtomicBool>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
@@ -68,7 +76,7 @@ pub async fn serve(
     }
     let dra = crate::uds::bind(&paths.dra_socket).with_context(|| format!("binding {}", paths.dra_socket.display()))?;
     std::fs::set_permissions(&paths.dra_socket, std::fs::Permissions::from_mode(0o750))?;
-    let service = DraService { state };
+    let service = DraService { state, metrics };
     let dra_server = tonic::transport::Server::builder()
         .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(service.clone()))
         .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(service))

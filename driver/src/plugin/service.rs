@@ -14,6 +14,7 @@ use vgpu_scheduling::Uid;
 
 use super::claim::ClaimRef;
 use super::state::{PreparedDevice, State};
+use crate::metrics::Metrics;
 
 /// Answers the kubelet's plugin watcher.
 pub struct Registrar {
@@ -56,11 +57,14 @@ impl Registration for Registrar {
     }
 }
 
-/// The DRA service over [`State`].
+/// The DRA service over [`State`]; it records latencies and errors, the state knows nothing of
+/// metrics.
 #[derive(Clone)]
 pub struct DraService {
     /// Shared state.
     pub state: Arc<State>,
+    /// Where prepare and unprepare figures go.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 type Answers = HashMap<String, Result<Vec<PreparedDevice>, String>>;
@@ -69,17 +73,16 @@ impl DraService {
     async fn prepare_all(&self, claims: Vec<(String, String, String)>) -> Answers {
         let jobs = claims.into_iter().map(|(namespace, name, uid)| {
             let state = self.state.clone();
+            let metrics = self.metrics.clone();
             async move {
                 let started = Instant::now();
-                let result = match Uid::new(uid.clone()) {
-                    Ok(u) => state
-                        .prepare(&ClaimRef { namespace: namespace.clone(), name: name.clone(), uid: u })
-                        .await
-                        .map_err(|e| (e.reason(), e.to_string())),
+                // Names are checked before they reach an API path or a file name.
+                let result = match ClaimRef::new(&namespace, &name, &uid) {
+                    Ok(claim) => state.prepare(&claim).await.map_err(|e| (e.reason(), e.chain())),
                     Err(e) => Err(("invalid_claim", e.to_string())),
                 };
                 let took = started.elapsed().as_secs_f64();
-                if let Some(m) = state.metrics() {
+                if let Some(m) = &metrics {
                     let label = if result.is_ok() { "ok" } else { "error" };
                     m.prepare_seconds.get_or_create(&vec![("result".to_owned(), label.to_owned())]).observe(took);
                     if let Err((reason, _)) = &result {
@@ -111,12 +114,15 @@ impl DraService {
                         tracing::info!(%uid, "unprepared");
                         String::new()
                     }
-                    Err(e) => e.to_string(),
+                    Err(e) => {
+                        tracing::warn!(%uid, error = %e.chain(), "unprepare failed");
+                        e.chain()
+                    }
                 },
                 // Nothing can have been prepared under an invalid UID.
                 Err(_) => String::new(),
             };
-            if let Some(m) = self.state.metrics() {
+            if let Some(m) = &self.metrics {
                 let label = if error.is_empty() { "ok" } else { "error" };
                 m.unprepare_seconds
                     .get_or_create(&vec![("result".to_owned(), label.to_owned())])

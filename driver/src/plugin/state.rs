@@ -2,20 +2,28 @@
 //! together. Order of writes makes a crash at any point safe:
 //! prepare writes the checkpoint entry before the spec (a spec never exists without its entry),
 //! unprepare drops the entry before the spec (a left-over spec is an orphan, removed at start).
+//!
+//! Nothing slow happens under the lock: claims and pods are read from the [`ClaimSource`] before
+//! it is taken, the inventory is a snapshot, and the NVIDIA toolkit's specs are scanned after it
+//! is released. Start-up and the periodic checks live in [`super::recovery`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cdi_spec::{QualifiedDeviceId, SpecDir};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
 use tokio::sync::Mutex;
-use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
+use vgpu_scheduling::{DeviceName, Ledger, ObjectName, PublishedDevice, SharingConfig, Uid, publish};
 
-use super::cdi::{ANNOTATION_CLAIM, CdiOptions, build_spec, claim_dir};
-use super::checkpoint::{Checkpoint, PreparedClaim};
-use super::claim::{ClaimError, ClaimRef, devices_of};
-use crate::discovery::DeviceSource;
+use super::cdi::{BuildError, CdiOptions, build_spec, cdi_device_names, claim_dir};
+use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
+use super::claim::{ClaimDevice, ClaimError, ClaimRef, consumer, devices_of};
+use super::containers::{top_level_requests, uses_of};
+use super::host::{CLAIM_DIR_MODE, HostError, ensure_dir};
+use super::source::{ClaimSource, SourceError};
+use super::toolkit::ToolkitIndex;
+use crate::discovery::{DeviceSource, DiscoveryError};
 
 /// One device of a prepare answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,32 +42,42 @@ pub struct PreparedDevice {
     pub consumed: String,
 }
 
-/// Why one claim failed; the text goes to the kubelet in that claim's `error`.
+/// Why one claim failed; the kubelet gets the whole chain of causes in that claim's `error`.
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
-    /// The claim breaks a rule.
+    /// The claim breaks a rule (boxed: it names everything involved).
     #[error(transparent)]
-    Claim(#[from] ClaimError),
+    Claim(Box<ClaimError>),
     /// The claim does not exist (any more).
     #[error("claim {0} not found")]
     NotFound(String),
-    /// Reading the claim failed.
-    #[error("reading claim {claim}: {reason}")]
-    Api {
-        /// The claim.
-        claim: String,
-        /// The API error.
-        reason: String,
-    },
+    /// Reading the claim or its pod failed.
+    #[error(transparent)]
+    Source(#[from] SourceError),
     /// The node-side capacity check refused a share (boxed: it carries every number).
     #[error(transparent)]
     Admit(Box<vgpu_scheduling::AdmitError>),
-    /// Discovery failed.
-    #[error("discovering GPUs: {0}")]
-    Discovery(String),
-    /// Writing state failed.
-    #[error("{0}")]
-    Storage(String),
+    /// Discovery has no inventory.
+    #[error("discovering GPUs")]
+    Discovery(#[source] DiscoveryError),
+    /// The claim's spec cannot be expressed.
+    #[error("building the CDI spec of claim {claim}")]
+    Spec {
+        /// The claim.
+        claim: String,
+        /// Why.
+        #[source]
+        source: BuildError,
+    },
+    /// Writing the checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Writing or removing a CDI spec failed.
+    #[error(transparent)]
+    SpecFile(#[from] cdi_spec::SpecDirError),
+    /// A host directory of the claim could not be made or removed.
+    #[error(transparent)]
+    Host(#[from] HostError),
 }
 
 impl PrepareError {
@@ -68,11 +86,35 @@ impl PrepareError {
         match self {
             Self::Claim(_) => "invalid_claim",
             Self::NotFound(_) => "not_found",
-            Self::Api { .. } => "api",
+            Self::Source(SourceError::Timeout { .. }) => "api_timeout",
+            Self::Source(_) => "api",
             Self::Admit(_) => "over_capacity",
             Self::Discovery(_) => "discovery",
-            Self::Storage(_) => "storage",
+            Self::Spec { .. } => "spec",
+            Self::Checkpoint(_) | Self::SpecFile(_) | Self::Host(_) => "storage",
         }
+    }
+
+    /// The message with every cause, for the kubelet and the log: `writing CDI spec /x: Read-only
+    /// file system (os error 30)`.
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(c) = cause {
+            let part = c.to_string();
+            if !text.contains(&part) {
+                text.push_str(": ");
+                text.push_str(&part);
+            }
+            cause = c.source();
+        }
+        text
+    }
+}
+
+impl From<ClaimError> for PrepareError {
+    fn from(e: ClaimError) -> Self {
+        Self::Claim(Box::new(e))
     }
 }
 
@@ -120,80 +162,85 @@ pub struct ShareUsage {
     pub consumption: vgpu_scheduling::Consumption,
 }
 
+/// Everything the metrics report, read at once: metrics depend on this, not on the state.
+#[derive(Debug, Clone, Default)]
+pub struct StateSnapshot {
+    /// Devices published now.
+    pub published: Vec<PublishedDevice>,
+    /// Device -> capacity -> used by prepared claims.
+    pub usage: BTreeMap<DeviceName, vgpu_scheduling::Consumption>,
+    /// Every prepared share.
+    pub shares: Vec<ShareUsage>,
+    /// How many claims are prepared.
+    pub prepared: usize,
+    /// Devices whose prepared shares take more than they have, with the capacity.
+    pub overcommitted: Vec<(DeviceName, String)>,
+}
+
+/// Where the state keeps what it writes: the checkpoint, the CDI specs and the host side.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    /// The checkpoint directory.
+    pub checkpoint: Checkpoint,
+    /// What goes into specs and where HAMi-core's host files live.
+    pub cdi: CdiOptions,
+    /// The CDI spec directory.
+    pub specs: SpecDir,
+}
+
+/// Settings of the state beyond its parts.
+#[derive(Debug, Clone)]
+pub struct StateOptions {
+    /// Create the claims' host directories (off for `prepare-preview`, which touches nothing).
+    pub host_dirs: bool,
+    /// How long a prepared claim must be gone from the API before its share is released.
+    pub deleted_claim_grace: Duration,
+}
+
+impl Default for StateOptions {
+    fn default() -> Self {
+        Self { host_dirs: true, deleted_claim_grace: Duration::from_secs(300) }
+    }
+}
+
 /// The plugin's state.
 pub struct State {
-    inner: Mutex<Inner>,
-    claims: Option<kube::Client>,
-    cache: Option<kube::runtime::reflector::Store<ResourceClaim>>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    source: Arc<dyn DeviceSource>,
-    config: SharingConfig,
-    node: String,
-    fail_at: Option<FailPoint>,
+    pub(super) inner: Mutex<Inner>,
+    pub(super) claims: ClaimSource,
+    pub(super) source: Arc<dyn DeviceSource>,
+    pub(super) config: SharingConfig,
+    pub(super) node: String,
+    pub(super) fail_at: Option<FailPoint>,
+    pub(super) toolkit: Arc<ToolkitIndex>,
+    pub(super) options: StateOptions,
 }
 
-struct Inner {
-    ledger: Ledger,
-    prepared: BTreeMap<Uid, PreparedClaim>,
-    checkpoint: Checkpoint,
-    specs: SpecDir,
-    cdi: CdiOptions,
+/// A claim whose spec was found at start without a record while the API could not say whether
+/// it still stands: its cards are held whole until it is adopted or known gone.
+#[derive(Debug, Clone)]
+pub(super) struct Pending {
+    /// The claim, from the spec's annotation.
+    pub claim: ClaimRef,
+    /// The cards its spec names.
+    pub devices: Vec<DeviceName>,
 }
+
+pub(super) struct Inner {
+    pub ledger: Ledger,
+    pub prepared: BTreeMap<Uid, PreparedClaim>,
+    pub pending: BTreeMap<Uid, Pending>,
+    /// Prepared claims the API says are gone, since when.
+    pub gone: BTreeMap<Uid, Instant>,
+    pub overcommitted: Vec<(DeviceName, String)>,
+    pub checkpoint: Checkpoint,
+    pub specs: SpecDir,
+    pub cdi: CdiOptions,
+}
+
+/// The request name of a pending claim's placeholder share in the ledger.
+pub(super) const PENDING_REQUEST: &str = "(pending adoption)";
 
 impl State {
-    /// Loads the checkpoint (moving a corrupt one aside and rebuilding from the spec files and
-    /// the API), restores missing specs, removes orphaned ones and rebuilds the ledger.
-    ///
-    /// # Errors
-    /// When discovery fails or the spec directory cannot be read.
-    pub async fn recover(
-        client: Option<kube::Client>,
-        source: Arc<dyn DeviceSource>,
-        config: SharingConfig,
-        node: String,
-        checkpoint: Checkpoint,
-        cdi: CdiOptions,
-        spec_dir: SpecDir,
-    ) -> anyhow::Result<Self> {
-        let loaded = checkpoint.load()?;
-        for (e, aside) in &loaded.corrupt {
-            tracing::error!(error = %e, moved_to = %aside.display(), "checkpoint corrupt; rebuilding from CDI specs and the API");
-        }
-        let rebuilt = !loaded.corrupt.is_empty();
-        let prepared = loaded.claims;
-        let state = Self {
-            inner: Mutex::new(Inner { ledger: Ledger::default(), prepared, checkpoint, specs: spec_dir, cdi }),
-            claims: client,
-            cache: None,
-            metrics: None,
-            source,
-            config,
-            node,
-            fail_at: None,
-        };
-        state.startup_sync(rebuilt).await?;
-        Ok(state)
-    }
-
-    /// Serves claim reads from a watch cache, falling back to GET on a miss or a stale entry.
-    #[must_use]
-    pub fn with_claim_cache(mut self, cache: kube::runtime::reflector::Store<ResourceClaim>) -> Self {
-        self.cache = Some(cache);
-        self
-    }
-
-    /// Records prepare and unprepare figures in `metrics`.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
-        self.metrics = Some(metrics);
-        self
-    }
-
-    /// The metrics, when configured.
-    pub fn metrics(&self) -> Option<&crate::metrics::Metrics> {
-        self.metrics.as_deref()
-    }
-
     /// Makes the process abort at `point` (tests of crash recovery).
     #[must_use]
     pub fn with_fail_point(mut self, point: Option<FailPoint>) -> Self {
@@ -201,93 +248,13 @@ impl State {
         self
     }
 
-    /// The devices this node publishes now, from a fresh inventory read.
+    /// The devices this node publishes now (the inventory snapshot; no I/O for the daemon).
     ///
     /// # Errors
-    /// When discovery fails.
+    /// When discovery has no inventory.
     pub fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
-        let inventory = self.source.inventory().map_err(|e| PrepareError::Discovery(e.to_string()))?;
+        let inventory = self.source.inventory().map_err(PrepareError::Discovery)?;
         Ok(publish(&inventory, &self.config))
-    }
-
-    async fn startup_sync(&self, rebuild: bool) -> anyhow::Result<()> {
-        let published = self.published()?;
-        let owned = {
-            let inner = self.inner.lock().await;
-            inner.specs.remove_stale_temps()?;
-            inner.specs.list_owned()?
-        };
-        // Specs without an entry: adopt them when the checkpoint was lost and the claim still
-        // stands, else they are orphans of an interrupted unprepare.
-        for spec in &owned {
-            let Ok(uid) = Uid::new(spec.id.clone()) else { continue };
-            if self.inner.lock().await.prepared.contains_key(&uid) {
-                continue;
-            }
-            let adopted = if rebuild { self.adopt(&uid, &published).await } else { None };
-            let mut inner = self.inner.lock().await;
-            match adopted {
-                Some(entry) => {
-                    tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec");
-                    inner.checkpoint.record(&entry)?;
-                    inner.prepared.insert(uid, entry);
-                }
-                None => {
-                    tracing::info!(claim = %uid, "removing CDI spec of a claim that is not prepared");
-                    inner.specs.remove(uid.as_str())?;
-                    let dir = inner.cdi.claims_root.join(uid.as_str());
-                    let _ = tokio::fs::remove_dir_all(dir).await;
-                }
-            }
-        }
-        let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, specs, cdi, .. } = &mut *inner;
-        ledger.set_capacity(capacities(&published));
-        for (uid, entry) in prepared.iter() {
-            for d in &entry.devices {
-                if let Err(e) = ledger.admit(d.key(uid), d.consumption.clone()) {
-                    tracing::error!(claim = %entry.claim, error = %e, "prepared claim no longer fits its device");
-                }
-            }
-            if specs.read(uid.as_str())?.is_none() {
-                tracing::info!(claim = %entry.claim, "rewriting missing CDI spec");
-                ensure_dir(&claim_dir(cdi, &entry.claim)).await?;
-                specs.write(uid.as_str(), &entry.spec)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Rebuilds a checkpoint entry from a spec's claim annotation and the claim in the API.
-    async fn adopt(&self, uid: &Uid, published: &[PublishedDevice]) -> Option<PreparedClaim> {
-        let inner = self.inner.lock().await;
-        let spec = inner.specs.read(uid.as_str()).ok()??;
-        drop(inner);
-        let (namespace, name) = spec.annotations.get(ANNOTATION_CLAIM)?.split_once('/')?;
-        let claim = ClaimRef { namespace: namespace.into(), name: name.into(), uid: uid.clone() };
-        let object = self.get_claim(&claim).await.ok()?;
-        let devices = devices_of(&object, &claim, &self.config.driver_name, &self.node, published).ok()?;
-        Some(PreparedClaim { claim, devices, spec })
-    }
-
-    async fn get_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, PrepareError> {
-        if let Some(cache) = &self.cache {
-            let key = kube::runtime::reflector::ObjectRef::new(&claim.name).within(&claim.namespace);
-            if let Some(c) = cache.get(&key)
-                && c.metadata.uid.as_deref() == Some(claim.uid.as_str())
-                && c.status.as_ref().is_some_and(|s| s.allocation.is_some())
-            {
-                return Ok((*c).clone());
-            }
-        }
-        let client =
-            self.claims.clone().ok_or_else(|| PrepareError::Api { claim: claim.to_string(), reason: "no API client".into() })?;
-        let api: Api<ResourceClaim> = Api::namespaced(client, &claim.namespace);
-        match api.get_opt(&claim.name).await {
-            Ok(Some(c)) => Ok(c),
-            Ok(None) => Err(PrepareError::NotFound(format!("{}/{}", claim.namespace, claim.name))),
-            Err(e) => Err(PrepareError::Api { claim: claim.to_string(), reason: e.to_string() }),
-        }
     }
 
     /// Prepares one claim; repeating it returns the same answer and restores a lost spec.
@@ -295,68 +262,204 @@ impl State {
     /// # Errors
     /// [`PrepareError`] for this claim only.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
-        if let Some(answer) = self.prepared_answer(claim).await? {
-            return Ok(answer);
+        if let Some(entry) = self.prepared_entry(claim).await? {
+            return Ok(self.answer(entry).await);
         }
-        let object = self.get_claim(claim).await?;
+        let object = self.claims.claim(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
         let published = self.published()?;
         let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
+        self.check_containers(claim, &object, &devices).await?;
+        let entry = self.commit(claim, devices, &published).await?;
+        Ok(self.answer(entry).await)
+    }
+
+    /// Admits and persists a checked claim under the lock.
+    async fn commit(
+        &self,
+        claim: &ClaimRef,
+        devices: Vec<ClaimDevice>,
+        published: &[PublishedDevice],
+    ) -> Result<PreparedClaim, PrepareError> {
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
-        if prepared.contains_key(&claim.uid) {
-            drop(inner);
-            return self
-                .prepared_answer(claim)
-                .await?
-                .ok_or_else(|| PrepareError::Storage("claim vanished while preparing".into()));
+        let Inner { ledger, prepared, pending, checkpoint, specs, cdi, .. } = &mut *inner;
+        if let Some(entry) = prepared.get(&claim.uid) {
+            return Ok(entry.clone());
         }
-        let spec = build_spec(cdi, claim, &devices, &published).map_err(|e| PrepareError::Storage(e.to_string()))?;
-        ledger.set_capacity(capacities(&published));
+        let spec = build_spec(cdi, claim, &devices, published)
+            .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
+        ledger.set_capacity(capacities(published));
+        // A claim held whole since start-up is being prepared with its real shares now.
+        let was_pending = pending.remove(&claim.uid);
+        if was_pending.is_some() {
+            ledger.release_claim(&claim.uid);
+        }
         let mut admitted = Vec::new();
         for d in &devices {
             if let Err(e) = ledger.admit(d.key(&claim.uid), d.consumption.clone()) {
                 admitted.iter().for_each(|k| {
                     ledger.release(k);
                 });
+                restore_pending(ledger, pending, published, was_pending);
                 return Err(e.into());
             }
             admitted.push(d.key(&claim.uid));
         }
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         let entry = PreparedClaim { claim: claim.clone(), devices, spec };
-        prepared.insert(claim.uid.clone(), entry.clone());
-        let written = async {
-            blocking(|| checkpoint.record(&entry)).map_err(|e| format!("{e:#}"))?;
+        let dir = claim_dir(cdi, claim);
+        let host_dirs = self.options.host_dirs;
+        let written = blocking(|| {
+            checkpoint.record(&entry)?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
-            ensure_dir(&claim_dir(cdi, claim)).await.map_err(|e| format!("{e:#}"))?;
-            blocking(|| specs.write(claim.uid.as_str(), &entry.spec)).map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+            if host_dirs {
+                ensure_dir(&dir, CLAIM_DIR_MODE)?;
+            }
+            specs.write(claim.uid.as_str(), &entry.spec)?;
             fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
-            Ok::<_, String>(())
-        }
-        .await;
+            Ok::<_, PrepareError>(())
+        });
         if let Err(e) = written {
-            prepared.remove(&claim.uid);
             admitted.iter().for_each(|k| {
                 ledger.release(k);
             });
-            let _ = blocking(|| checkpoint.forget(&claim.uid));
-            return Err(PrepareError::Storage(e));
+            let keep_dir = was_pending.is_some();
+            restore_pending(ledger, pending, published, was_pending);
+            blocking(|| {
+                let _ = checkpoint.forget(&claim.uid);
+                let _ = specs.remove(claim.uid.as_str());
+                // A refused prepare leaves nothing behind, unless a container already uses it.
+                if host_dirs && !keep_dir {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            });
+            return Err(e);
         }
-        Ok(answer(cdi, &published, &self.node, &entry))
+        prepared.insert(claim.uid.clone(), entry.clone());
+        Ok(entry)
     }
 
-    /// The stored answer of an already prepared claim, with its spec restored when missing.
-    async fn prepared_answer(&self, claim: &ClaimRef) -> Result<Option<Vec<PreparedDevice>>, PrepareError> {
+    /// Refuses a claim whose limits would be wrong in one of its pod's containers: HAMi-core's
+    /// limits are indexed by the CUDA devices a container sees, the spec is per claim. A container
+    /// using two claims of this driver would get index 0 twice (the runtime keeps the last); one
+    /// using some of the claim's requests would get the limits of all of them.
+    async fn check_containers(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+        devices: &[ClaimDevice],
+    ) -> Result<(), PrepareError> {
+        let Some((pod_name, pod_uid)) = consumer(object) else { return Ok(()) };
+        let Ok(pod_name) = ObjectName::new(pod_name) else { return Ok(()) };
+        let Some(pod) = self.claims.pod(&claim.namespace, &pod_name).await? else { return Ok(()) };
+        if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
+            return Ok(());
+        }
+        let requests = top_level_requests(devices.iter().map(|d| d.request.as_str()));
+        for usage in uses_of(&pod, claim.name.as_str()) {
+            if let Some(named) = &usage.requests
+                && requests.len() > 1
+                && !requests.iter().all(|r| named.contains(r))
+            {
+                return Err(ClaimError::PartialClaim {
+                    claim: claim.key(),
+                    pod: pod_name.to_string(),
+                    container: usage.container,
+                    requests: named.iter().cloned().collect(),
+                }
+                .into());
+            }
+            for other in &usage.other_claims {
+                let Ok(other_name) = ObjectName::new(other.clone()) else { continue };
+                let Some(o) = self.claims.claim_by_name(&claim.namespace, &other_name).await? else { continue };
+                let ours = o
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .and_then(|a| a.devices.as_ref())
+                    .is_some_and(|d| d.results.iter().flatten().any(|r| r.driver == self.config.driver_name.as_str()));
+                if ours {
+                    return Err(ClaimError::SharedContainer {
+                        claim: claim.key(),
+                        other: other.clone(),
+                        pod: pod_name.to_string(),
+                        container: usage.container,
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry of an already prepared claim, with its spec restored when missing, unreadable
+    /// or changed on disk.
+    async fn prepared_entry(&self, claim: &ClaimRef) -> Result<Option<PreparedClaim>, PrepareError> {
         let inner = self.inner.lock().await;
         let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
-        let storage = |e: &dyn std::fmt::Display| PrepareError::Storage(e.to_string());
-        if blocking(|| inner.specs.read(claim.uid.as_str())).map_err(|e| storage(&e))?.is_none() {
-            tracing::info!(claim = %claim, "CDI spec vanished (tmpfs after reboot?); rewriting it");
-            ensure_dir(&claim_dir(&inner.cdi, claim)).await.map_err(|e| storage(&e))?;
-            blocking(|| inner.specs.write(claim.uid.as_str(), &entry.spec)).map_err(|e| storage(&e))?;
+        let on_disk = blocking(|| inner.specs.read(claim.uid.as_str()));
+        if !matches!(&on_disk, Ok(Some(spec)) if *spec == entry.spec) {
+            match &on_disk {
+                Ok(None) => tracing::info!(claim = %claim, "CDI spec vanished (tmpfs after reboot?); rewriting it"),
+                Ok(Some(_)) => tracing::warn!(claim = %claim, "CDI spec was changed on disk; rewriting it"),
+                Err(e) => tracing::warn!(claim = %claim, error = %chain(e), "CDI spec unreadable; rewriting it"),
+            }
+            let dir = claim_dir(&inner.cdi, claim);
+            let host_dirs = self.options.host_dirs;
+            blocking(|| {
+                if host_dirs {
+                    ensure_dir(&dir, CLAIM_DIR_MODE)?;
+                }
+                // Whatever sits under the spec's name (a directory, a FIFO) makes way for it.
+                if let Ok(path) = inner.specs.file_for(claim.uid.as_str())
+                    && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+                {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+                inner.specs.write(claim.uid.as_str(), &entry.spec).map(|_| ()).map_err(PrepareError::from)
+            })?;
         }
-        let published = self.published()?;
-        Ok(Some(answer(&inner.cdi, &published, &self.node, entry)))
+        Ok(Some(entry.clone()))
+    }
+
+    /// The answer for a prepared entry, with the toolkit's IDs (scanned off the lock).
+    async fn answer(&self, entry: PreparedClaim) -> Vec<PreparedDevice> {
+        let published = self.published().unwrap_or_default();
+        let (kind, dirs) = {
+            let inner = self.inner.lock().await;
+            (inner.cdi.kind.clone(), inner.cdi.toolkit_dirs.clone())
+        };
+        let own = format!("{}_", kind.file_stem());
+        let index = self.toolkit.clone();
+        let toolkit = if dirs.is_empty() {
+            Vec::new()
+        } else {
+            tokio::task::spawn_blocking(move || index.devices(&dirs, &own)).await.unwrap_or_default()
+        };
+        let names = cdi_device_names(&entry.claim, &entry.devices);
+        entry
+            .devices
+            .iter()
+            .zip(names)
+            .map(|(d, name)| {
+                let id = cdi_spec::DeviceName::new(name).map(|name| QualifiedDeviceId { kind: kind.clone(), name }.to_string());
+                let card = published.iter().find(|p| p.name == d.device);
+                let toolkit_id = card.and_then(|c| {
+                    let index = match c.attributes.get("index") {
+                        Some(vgpu_scheduling::Attribute::Int(i)) => u32::try_from(*i).unwrap_or(c.minor),
+                        _ => c.minor,
+                    };
+                    super::toolkit::toolkit_id(&toolkit, &c.uuid, index)
+                });
+                PreparedDevice {
+                    request: d.request.clone(),
+                    pool: self.node.clone(),
+                    device: d.device.to_string(),
+                    cdi_ids: id.into_iter().chain(toolkit_id).collect(),
+                    consumed: d.consumption.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
+                    share_id: d.share_id.as_ref().map(ToString::to_string),
+                }
+            })
+            .collect()
     }
 
     /// Unprepares one claim; unknown claims succeed.
@@ -365,55 +468,51 @@ impl State {
     /// When the checkpoint or spec cannot be written (the kubelet retries).
     pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, checkpoint, specs, cdi } = &mut *inner;
+        let Inner { ledger, prepared, pending, gone, checkpoint, specs, cdi, .. } = &mut *inner;
         if let Some(entry) = prepared.remove(uid) {
             if let Err(e) = blocking(|| checkpoint.forget(uid)) {
                 prepared.insert(uid.clone(), entry);
-                return Err(PrepareError::Storage(e.to_string()));
+                return Err(e.into());
             }
             ledger.release_claim(uid);
             fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
         }
-        if blocking(|| specs.remove(uid.as_str())).map_err(|e| PrepareError::Storage(e.to_string()))? {
+        if pending.remove(uid).is_some() {
+            ledger.release_claim(uid);
+        }
+        gone.remove(uid);
+        if blocking(|| specs.remove(uid.as_str()))? {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
-        match tokio::fs::remove_dir_all(cdi.claims_root.join(uid.as_str())).await {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PrepareError::Storage(e.to_string())),
+        let dir = cdi.claims_root.join(uid.as_str());
+        match blocking(|| std::fs::remove_dir_all(&dir)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(HostError::Dir { path: dir, source: e }.into()),
             _ => Ok(()),
         }
     }
 
-    /// The ledger's view, for metrics and tests: device -> capacity -> used.
-    pub async fn usage(&self) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
-        let inner = self.inner.lock().await;
-        let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.shares().map(|(k, _)| k.device.clone()).collect();
-        devices.into_iter().map(|d| (d.clone(), inner.ledger.used(&d))).collect()
-    }
-
-    /// Every prepared share with its claim and, when the claim cache knows it, the pod the claim
-    /// is reserved for: what per-pod metrics report.
-    pub async fn shares(&self) -> Vec<ShareUsage> {
-        let prepared: Vec<PreparedClaim> = self.inner.lock().await.prepared.values().cloned().collect();
-        prepared
-            .into_iter()
+    /// Everything the metrics report, read at once.
+    pub async fn snapshot(&self) -> StateSnapshot {
+        let (usage, prepared, overcommitted) = {
+            let inner = self.inner.lock().await;
+            let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.shares().map(|(k, _)| k.device.clone()).collect();
+            let usage = devices.into_iter().map(|d| (d.clone(), inner.ledger.used(&d))).collect();
+            (usage, inner.prepared.values().cloned().collect::<Vec<_>>(), inner.overcommitted.clone())
+        };
+        let shares = prepared
+            .iter()
             .flat_map(|p| {
-                let pod = self.consumer_of(&p.claim);
-                p.devices.into_iter().map(move |d| ShareUsage {
+                // The pod from the watch cache only: metrics never call the API.
+                let pod = self.claims.cached(&p.claim).as_deref().and_then(consumer).map(|(name, _)| name);
+                p.devices.iter().map(move |d| ShareUsage {
                     claim: p.claim.clone(),
                     pod: pod.clone(),
-                    device: d.device,
-                    consumption: d.consumption,
+                    device: d.device.clone(),
+                    consumption: d.consumption.clone(),
                 })
             })
-            .collect()
-    }
-
-    /// The pod a claim is reserved for, from the watch cache only (metrics never call the API).
-    fn consumer_of(&self, claim: &ClaimRef) -> Option<String> {
-        let key = kube::runtime::reflector::ObjectRef::new(&claim.name).within(&claim.namespace);
-        let object = self.cache.as_ref()?.get(&key)?;
-        let reserved = object.status.as_ref()?.reserved_for.as_ref()?;
-        reserved.iter().find(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty()).map(|r| r.name.clone())
+            .collect();
+        StateSnapshot { published: self.published().unwrap_or_default(), usage, shares, prepared: prepared.len(), overcommitted }
     }
 
     /// How many claims are prepared.
@@ -422,48 +521,59 @@ impl State {
     }
 }
 
-fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
+/// Puts a pending claim's placeholder back after a failed prepare.
+fn restore_pending(
+    ledger: &mut Ledger,
+    pending: &mut BTreeMap<Uid, Pending>,
+    published: &[PublishedDevice],
+    was: Option<Pending>,
+) {
+    if let Some(p) = was {
+        hold_whole(ledger, &p, published);
+        pending.insert(p.claim.uid.clone(), p);
+    }
+}
+
+/// Holds every card a pending claim names, whole: until the API tells what the claim takes, no
+/// new share may be admitted beside it.
+pub(super) fn hold_whole(ledger: &mut Ledger, pending: &Pending, published: &[PublishedDevice]) {
+    for device in &pending.devices {
+        if let Some(card) = published.iter().find(|p| &p.name == device) {
+            let key = vgpu_scheduling::ShareKey {
+                claim: pending.claim.uid.clone(),
+                request: PENDING_REQUEST.into(),
+                device: device.clone(),
+                share: None,
+            };
+            let _ = ledger.restore(key, card.capacity_values());
+        }
+    }
+}
+
+pub(super) fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
     published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
 }
 
-fn answer(cdi: &CdiOptions, published: &[PublishedDevice], node: &str, entry: &PreparedClaim) -> Vec<PreparedDevice> {
-    let kind = &cdi.kind;
-    let toolkit = super::toolkit::toolkit_devices(&cdi.toolkit_dirs, &format!("{}_", kind.file_stem()));
-    entry
-        .devices
-        .iter()
-        .zip(&entry.spec.devices)
-        .map(|(d, spec_dev)| {
-            let id = cdi_spec::DeviceName::new(spec_dev.name.clone())
-                .map(|name| QualifiedDeviceId { kind: kind.clone(), name }.to_string());
-            let card = published.iter().find(|p| p.name == d.device);
-            let toolkit_id = card.and_then(|c| {
-                let index = match c.attributes.get("index") {
-                    Some(vgpu_scheduling::Attribute::Int(i)) => u32::try_from(*i).unwrap_or(c.minor),
-                    _ => c.minor,
-                };
-                super::toolkit::toolkit_id(&toolkit, &c.uuid, index)
-            });
-            PreparedDevice {
-                request: d.request.clone(),
-                pool: node.to_owned(),
-                device: d.device.to_string(),
-                cdi_ids: id.into_iter().chain(toolkit_id).collect(),
-                consumed: d.consumption.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
-                share_id: d.share_id.as_ref().map(ToString::to_string),
-            }
-        })
-        .collect()
+/// An error with its causes, for log fields.
+pub(super) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// Runs small synchronous file work (fsync included) without stalling the runtime's other tasks.
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
         _ => f(),
     }
 }
 
-async fn ensure_dir(path: &std::path::Path) -> std::io::Result<()> {
-    tokio::fs::create_dir_all(path).await
-}
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

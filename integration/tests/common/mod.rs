@@ -120,6 +120,16 @@ spec:
     )
 }
 
+/// The kubelet's own plugin manager (kubelet-sim) for `dirs`, once it has registered the driver.
+pub fn kubelet(dirs: &Dirs) -> vgpu_dra_integration::KubeletSim {
+    std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
+    let options = vgpu_dra_integration::KubeletSimOptions { node_name: NODE.into(), ..Default::default() };
+    let mut k = vgpu_dra_integration::KubeletSim::start(&dirs.kubelet.join("plugins_registry"), DRIVER, &options).unwrap();
+    k.wait_event("registered", std::time::Duration::from_secs(30), |e| e["driver"] == DRIVER && e.get("error").is_none())
+        .unwrap();
+    k
+}
+
 pub fn cdi_check(dir: &Path, ids: &[&str]) -> Value {
     let out = Command::new(&components().unwrap().cdi_check)
         .arg(format!("--spec-dir={}", dir.display()))

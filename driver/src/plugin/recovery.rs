@@ -1,0 +1,385 @@
+//! Start-up and the periodic checks of the plugin's state: what is on disk is made to agree with
+//! the checkpoint and, where the checkpoint lost something, with the API.
+//!
+//! Rules, whatever the disk or the API does:
+//! - start-up never fails for one claim: an unreadable record, a garbled spec, a read-only CDI
+//!   directory or a FIFO in a directory is reported and retried, never a reason to exit;
+//! - state is deleted only when it is known to be dead: a spec without a record after an
+//!   interrupted unprepare, or a claim the API says is gone (or has a new UID) for longer than
+//!   the grace period; an API error deletes nothing;
+//! - a prepared claim always counts in the ledger, even past its card's capacity after a restart
+//!   with a smaller configuration; such a card admits nothing new and is reported.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid};
+
+use super::cdi::ANNOTATION_CLAIM;
+use super::checkpoint::PreparedClaim;
+use super::claim::{ClaimRef, devices_of};
+use super::host::{CLAIM_DIR_MODE, ensure_dir};
+use super::source::ClaimSource;
+use super::state::{Inner, Pending, State, StateOptions, Storage, blocking, capacities, chain, hold_whole};
+use super::toolkit::ToolkitIndex;
+use crate::discovery::DeviceSource;
+
+/// How long start-up waits for the first inventory before going on without one.
+const FIRST_INVENTORY_WAIT: Duration = Duration::from_secs(30);
+
+/// What the API says of a claim found on disk.
+enum Verdict {
+    /// It stands, allocated here: these are its shares.
+    Alive(Box<PreparedClaim>),
+    /// The API says it is gone, has a new UID, or is no longer allocated here.
+    Gone(String),
+    /// No answer: keep everything and ask again later.
+    Unknown(String),
+}
+
+impl State {
+    /// Loads the checkpoint, re-adopts claims whose record was lost, removes specs of claims
+    /// that are not prepared, rewrites missing or garbled specs and rebuilds the ledger.
+    ///
+    /// # Errors
+    /// Never for one claim; only when the checkpoint directory exists and cannot be listed.
+    pub async fn recover(
+        claims: ClaimSource,
+        source: Arc<dyn DeviceSource>,
+        config: SharingConfig,
+        node: String,
+        storage: Storage,
+        options: StateOptions,
+    ) -> anyhow::Result<Self> {
+        let Storage { checkpoint, cdi, specs } = storage;
+        let loaded = blocking(|| checkpoint.load())?;
+        for (e, aside) in &loaded.corrupt {
+            tracing::error!(error = %chain(e), moved_to = ?aside, "checkpoint corrupt: record moved aside; the claim is re-adopted from its CDI spec and the API");
+        }
+        for (path, why) in &loaded.ignored {
+            tracing::warn!(path = %path.display(), reason = %why, "checkpoint directory entry skipped");
+        }
+        let state = Self {
+            inner: tokio::sync::Mutex::new(Inner {
+                ledger: Ledger::default(),
+                prepared: loaded.claims.clone(),
+                pending: BTreeMap::new(),
+                gone: BTreeMap::new(),
+                overcommitted: Vec::new(),
+                checkpoint,
+                specs,
+                cdi,
+            }),
+            claims,
+            source,
+            config,
+            node,
+            fail_at: None,
+            toolkit: Arc::new(ToolkitIndex::default()),
+            options,
+        };
+        let published = state.first_inventory().await;
+        // Capacities first: re-adopted claims are checked against them as they come back.
+        state.inner.lock().await.ledger.set_capacity(capacities(&published));
+        state.sweep_specs(&loaded, &published).await;
+        state.rebuild_ledger(&published).await;
+        state.repair_specs().await;
+        Ok(state)
+    }
+
+    /// The first inventory; a node whose discovery is not ready goes on with none (prepares
+    /// fail until it is) rather than crash-looping.
+    async fn first_inventory(&self) -> Vec<PublishedDevice> {
+        let deadline = Instant::now() + FIRST_INVENTORY_WAIT;
+        loop {
+            match self.published() {
+                Ok(p) => return p,
+                Err(e) if Instant::now() >= deadline => {
+                    tracing::error!(error = %e.chain(), "no GPU inventory yet; starting without one");
+                    return Vec::new();
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// Specs without a record: re-adopted through the API when the record may have been lost,
+    /// else orphans of an interrupted unprepare (removed).
+    async fn sweep_specs(&self, loaded: &super::checkpoint::Loaded, published: &[PublishedDevice]) {
+        let scan = {
+            let inner = self.inner.lock().await;
+            if let Err(e) = blocking(|| inner.specs.remove_stale_temps()) {
+                tracing::warn!(error = %chain(&e), "left-over CDI temp files not removed");
+            }
+            blocking(|| inner.specs.scan())
+        };
+        let scan = match scan {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %chain(&e), "CDI spec directory unreadable; orphaned specs are not removed this time");
+                return;
+            }
+        };
+        for entry in &scan.ignored {
+            tracing::warn!(path = %entry.path.display(), what = entry.what, "not a regular file under a CDI spec name; skipped");
+        }
+        for spec in &scan.owned {
+            let Ok(uid) = Uid::new(spec.id.clone()) else { continue };
+            if self.inner.lock().await.prepared.contains_key(&uid) {
+                continue;
+            }
+            if !loaded.may_have_lost(&uid) {
+                tracing::info!(claim = %uid, "removing CDI spec of a claim that is not prepared");
+                self.forget_on_disk(&uid).await;
+                continue;
+            }
+            let read = {
+                let inner = self.inner.lock().await;
+                blocking(|| inner.specs.read(uid.as_str()))
+            };
+            let Some(claim) = read.ok().flatten().and_then(|s| claim_of(&s, &uid)) else {
+                tracing::warn!(claim = %uid, "CDI spec of a claim with a lost record names no claim; kept, and the claim's cards are not held");
+                continue;
+            };
+            match self.verdict(&claim, published).await {
+                Verdict::Alive(entry) => self.adopt(*entry).await,
+                Verdict::Gone(why) => {
+                    tracing::info!(claim = %claim, reason = %why, "removing CDI spec of a claim the API says is gone");
+                    self.forget_on_disk(&uid).await;
+                }
+                Verdict::Unknown(why) => {
+                    let devices = spec_devices(&read_spec_names(self, &uid).await, &uid, published);
+                    tracing::warn!(claim = %claim, reason = %why, cards = ?devices, "claim with a lost record cannot be checked now; its spec is kept and its cards are held until the API answers");
+                    self.inner.lock().await.pending.insert(uid, Pending { claim, devices });
+                }
+            }
+        }
+    }
+
+    /// Asks the API what became of `claim`.
+    async fn verdict(&self, claim: &ClaimRef, published: &[PublishedDevice]) -> Verdict {
+        match self.claims.claim(claim).await {
+            Ok(None) => Verdict::Gone("not found".into()),
+            Ok(Some(object)) if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) => {
+                Verdict::Gone("recreated with a new UID".into())
+            }
+            Ok(Some(object)) => match devices_of(&object, claim, &self.config.driver_name, &self.node, published) {
+                Ok(devices) => {
+                    let spec = self.inner.lock().await.specs.read(claim.uid.as_str()).ok().flatten();
+                    match spec {
+                        Some(spec) => Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec })),
+                        None => Verdict::Gone("its spec vanished".into()),
+                    }
+                }
+                Err(e) => Verdict::Gone(e.to_string()),
+            },
+            Err(e) => Verdict::Unknown(chain(&e)),
+        }
+    }
+
+    /// Takes a claim back as prepared: checkpoint record, ledger shares.
+    async fn adopt(&self, entry: PreparedClaim) {
+        let mut inner = self.inner.lock().await;
+        tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec and the API");
+        if let Err(e) = blocking(|| inner.checkpoint.record(&entry)) {
+            tracing::error!(claim = %entry.claim, error = %chain(&e), "re-adopted claim not checkpointed; kept in memory");
+        }
+        let uid = entry.claim.uid.clone();
+        blocking(|| inner.checkpoint.clear_quarantine(&uid));
+        inner.ledger.release_claim(&uid);
+        for d in &entry.devices {
+            if let Some(over) = inner.ledger.restore(d.key(&uid), d.consumption.clone()) {
+                tracing::error!(claim = %entry.claim, error = %over, "re-adopted claim does not fit its card; it still counts");
+            }
+        }
+        inner.pending.remove(&uid);
+        inner.prepared.insert(uid, entry);
+    }
+
+    /// Removes a claim's spec and directory (its record is already gone); failures are logged.
+    async fn forget_on_disk(&self, uid: &Uid) {
+        let inner = self.inner.lock().await;
+        if let Err(e) = blocking(|| inner.specs.remove(uid.as_str())) {
+            tracing::warn!(claim = %uid, error = %chain(&e), "CDI spec not removed");
+        }
+        let dir = inner.cdi.claims_root.join(uid.as_str());
+        let _ = blocking(|| std::fs::remove_dir_all(dir));
+        blocking(|| inner.checkpoint.clear_quarantine(uid));
+    }
+
+    /// Every prepared share counts, fitting or not; cards past their capacity are reported.
+    async fn rebuild_ledger(&self, published: &[PublishedDevice]) {
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, pending, overcommitted, .. } = &mut *inner;
+        ledger.set_capacity(capacities(published));
+        for (uid, entry) in prepared.iter() {
+            for d in &entry.devices {
+                if let Some(over) = ledger.restore(d.key(uid), d.consumption.clone()) {
+                    tracing::error!(claim = %entry.claim, error = %over, "prepared claim no longer fits its card (smaller configuration?); it still counts, and the card admits nothing new until enough is released");
+                }
+            }
+        }
+        for p in pending.values() {
+            hold_whole(ledger, p, published);
+        }
+        *overcommitted = if published.is_empty() { Vec::new() } else { ledger.overcommitted() };
+    }
+
+    /// Rewrites the spec of every prepared claim that is missing, unreadable or changed on
+    /// disk, and makes sure its directory is there; a failure is logged and retried later.
+    pub(super) async fn repair_specs(&self) {
+        let inner = self.inner.lock().await;
+        for (uid, entry) in &inner.prepared {
+            let on_disk = blocking(|| inner.specs.read(uid.as_str()));
+            if matches!(&on_disk, Ok(Some(spec)) if *spec == entry.spec) {
+                continue;
+            }
+            let what = match &on_disk {
+                Ok(None) => "missing".to_owned(),
+                Ok(Some(_)) => "changed on disk".to_owned(),
+                Err(e) => chain(e),
+            };
+            let dir = inner.cdi.claims_root.join(uid.as_str());
+            let host_dirs = self.options.host_dirs;
+            let written = blocking(|| {
+                if host_dirs {
+                    ensure_dir(&dir, CLAIM_DIR_MODE).map_err(|e| chain(&e))?;
+                }
+                if let Ok(path) = inner.specs.file_for(uid.as_str())
+                    && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+                {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+                inner.specs.write(uid.as_str(), &entry.spec).map(|_| ()).map_err(|e| chain(&e))
+            });
+            match written {
+                Ok(()) => tracing::info!(claim = %entry.claim, was = %what, "rewrote CDI spec of prepared claim"),
+                Err(e) => {
+                    tracing::error!(claim = %entry.claim, was = %what, error = %e, "CDI spec of prepared claim could not be rewritten; retrying later")
+                }
+            }
+        }
+    }
+
+    /// Runs the periodic checks every `every` until `cancel`: pending claims are asked about
+    /// again, claims gone from the API past the grace period are released, specs repaired and
+    /// over-committed cards reported.
+    pub async fn maintain(self: Arc<Self>, every: Duration, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            self.check_once().await;
+        }
+    }
+
+    /// One round of [`State::maintain`].
+    pub async fn check_once(&self) {
+        let published = self.published().unwrap_or_default();
+        self.retry_pending(&published).await;
+        self.release_deleted().await;
+        self.repair_specs().await;
+        let mut inner = self.inner.lock().await;
+        if !published.is_empty() {
+            let ledger = &mut inner.ledger;
+            ledger.set_capacity(capacities(&published));
+            let over = ledger.overcommitted();
+            if over != inner.overcommitted {
+                for (device, capacity) in &over {
+                    tracing::error!(%device, %capacity, "prepared claims take more than the card has; it admits nothing new until enough is released");
+                }
+                inner.overcommitted = over;
+            }
+        }
+    }
+
+    async fn retry_pending(&self, published: &[PublishedDevice]) {
+        let pending: Vec<Pending> = self.inner.lock().await.pending.values().cloned().collect();
+        for p in pending {
+            match self.verdict(&p.claim, published).await {
+                Verdict::Alive(entry) => self.adopt(*entry).await,
+                Verdict::Gone(why) => {
+                    tracing::info!(claim = %p.claim, reason = %why, "claim with a lost record is gone; removing its spec and releasing its cards");
+                    {
+                        let mut inner = self.inner.lock().await;
+                        inner.pending.remove(&p.claim.uid);
+                        inner.ledger.release_claim(&p.claim.uid);
+                    }
+                    self.forget_on_disk(&p.claim.uid).await;
+                }
+                Verdict::Unknown(_) => {}
+            }
+        }
+    }
+
+    /// Releases prepared claims the API has said are gone (not found, or a new UID) for longer
+    /// than the grace period. The watch cache answers for claims that stand, so at steady state
+    /// this costs no request.
+    async fn release_deleted(&self) {
+        let claims: Vec<ClaimRef> = self.inner.lock().await.prepared.values().map(|p| p.claim.clone()).collect();
+        for claim in claims {
+            let alive = if self.claims.cached(&claim).is_some() {
+                Some(true)
+            } else {
+                match self.claims.claim_by_name(&claim.namespace, &claim.name).await {
+                    Ok(Some(o)) => Some(o.metadata.uid.as_deref() == Some(claim.uid.as_str())),
+                    Ok(None) => Some(false),
+                    Err(_) => None,
+                }
+            };
+            let since = {
+                let mut inner = self.inner.lock().await;
+                match alive {
+                    Some(true) => {
+                        inner.gone.remove(&claim.uid);
+                        continue;
+                    }
+                    Some(false) => *inner.gone.entry(claim.uid.clone()).or_insert_with(Instant::now),
+                    None => continue,
+                }
+            };
+            if since.elapsed() >= self.options.deleted_claim_grace {
+                tracing::warn!(claim = %claim, grace = ?self.options.deleted_claim_grace, "prepared claim deleted from the API and never unprepared; releasing it");
+                if let Err(e) = self.unprepare(&claim.uid).await {
+                    tracing::error!(claim = %claim, error = %e.chain(), "releasing a deleted claim failed; retrying later");
+                }
+            }
+        }
+    }
+}
+
+/// The claim a spec belongs to, from its annotation.
+fn claim_of(spec: &cdi_spec::Spec, uid: &Uid) -> Option<ClaimRef> {
+    let (namespace, name) = spec.annotations.get(ANNOTATION_CLAIM)?.split_once('/')?;
+    ClaimRef::new(namespace, name, uid.as_str()).ok()
+}
+
+async fn read_spec_names(state: &State, uid: &Uid) -> Vec<String> {
+    let inner = state.inner.lock().await;
+    blocking(|| inner.specs.read(uid.as_str()))
+        .ok()
+        .flatten()
+        .map(|s| s.devices.into_iter().map(|d| d.name).collect())
+        .unwrap_or_default()
+}
+
+/// The cards a spec's device names (`<uid>-<device>[-<share>]`) name, among those published.
+fn spec_devices(names: &[String], uid: &Uid, published: &[PublishedDevice]) -> Vec<DeviceName> {
+    let mut out: Vec<DeviceName> = Vec::new();
+    for name in names {
+        let Some(rest) = name.strip_prefix(&format!("{uid}-")) else { continue };
+        let card = published.iter().find(|p| rest == p.name.as_str() || rest.starts_with(&format!("{}-", p.name)));
+        if let Some(card) = card
+            && !out.contains(&card.name)
+        {
+            out.push(card.name.clone());
+        }
+    }
+    out
+}

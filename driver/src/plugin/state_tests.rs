@@ -1,0 +1,306 @@
+//! The state core without the test bed: temp dirs for the checkpoint, the CDI and HAMi-core
+//! directories, fixed claims and pods, a mock inventory; an unreachable API where an API error
+//! is the point.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use vgpu_scheduling::{Ratio, SharingConfig, Uid};
+
+use super::*;
+use crate::discovery::mock::{MockSource, parse_spec};
+use crate::plugin::cdi::CdiOptions;
+use crate::plugin::checkpoint::Checkpoint;
+use crate::plugin::source::ClaimSource;
+
+const DRIVER: &str = "hami-core-gpu.project-hami.io";
+
+fn uid(n: u32) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+/// A claim allocated on node n1 with `results` (YAML flow mappings without driver and pool).
+fn claim(name: &str, n: u32, results: &[&str], reserved_for: Option<(&str, &str)>) -> ResourceClaim {
+    let results: String = results.iter().map(|r| format!("      - {{driver: {DRIVER}, pool: n1, {r}}}\n")).collect();
+    let reserved = reserved_for
+        .map_or(String::new(), |(pod, pod_uid)| format!("  reservedFor:\n  - {{resource: pods, name: {pod}, uid: {pod_uid}}}\n"));
+    let yaml = format!(
+        "metadata: {{name: {name}, namespace: ns, uid: {}}}\nspec: {{}}\nstatus:\n{reserved}  allocation:\n    devices:\n      results:\n{results}",
+        uid(n)
+    );
+    serde_saphyr::from_str(&yaml).unwrap()
+}
+
+fn share(device: &str, request: &str, share: u32, memory: &str, cores: u32) -> String {
+    format!(
+        "device: {device}, request: {request}, shareID: {}, consumedCapacity: {{memory: {memory}, cores: \"{cores}\", shares: \"1\"}}",
+        uid(900 + share)
+    )
+}
+
+struct Node {
+    root: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Self {
+        Self { root: tempfile::tempdir().unwrap() }
+    }
+
+    fn cdi(&self) -> CdiOptions {
+        CdiOptions {
+            lock_dir: self.root.path().join("lock"),
+            synthesize_nodes: true,
+            ..CdiOptions::for_driver(&vgpu_scheduling::DriverName::new(DRIVER).unwrap(), &self.root.path().join("vgpu")).unwrap()
+        }
+    }
+
+    fn specs(&self) -> SpecDir {
+        SpecDir::new(self.root.path().join("cdi"), self.cdi().kind)
+    }
+
+    fn checkpoint_dir(&self) -> std::path::PathBuf {
+        self.root.path().join("checkpoint")
+    }
+
+    async fn state_with(&self, claims: ClaimSource, config: SharingConfig, options: StateOptions) -> State {
+        let source = Arc::new(MockSource::new("n1", parse_spec("2xTesla T4:15Gi").unwrap()));
+        let storage = Storage { checkpoint: Checkpoint::new(self.checkpoint_dir()), cdi: self.cdi(), specs: self.specs() };
+        State::recover(claims, source, config, "n1".into(), storage, options).await.unwrap()
+    }
+
+    async fn state(&self, claims: Vec<ResourceClaim>, pods: Vec<Pod>) -> State {
+        self.state_with(fixed(claims, pods), SharingConfig::default(), StateOptions::default()).await
+    }
+}
+
+fn fixed(claims: Vec<ResourceClaim>, pods: Vec<Pod>) -> ClaimSource {
+    ClaimSource::Fixed { claims: Arc::new(claims), pods: Arc::new(pods) }
+}
+
+/// An API server that refuses every connection: every read is an error, never an answer.
+fn dead_api() -> ClaimSource {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
+    ClaimSource::Api { client: kube::Client::try_from(config).unwrap(), cache: None, timeout: Duration::from_secs(2) }
+}
+
+fn cref(name: &str, n: u32) -> ClaimRef {
+    ClaimRef::new("ns", name, &uid(n)).unwrap()
+}
+
+fn env(spec: &cdi_spec::Spec, key: &str) -> Option<String> {
+    spec.container_edits.env.iter().find_map(|e| e.strip_prefix(&format!("{key}=")).map(str::to_owned))
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_writes_spec_record_and_a_directory_any_user_can_write() {
+    let node = Node::new();
+    let c = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let state = node.state(vec![c], vec![]).await;
+    let answer = state.prepare(&cref("c1", 1)).await.unwrap();
+    assert_eq!(answer.len(), 1);
+    let spec = node.specs().read(&uid(1)).unwrap().unwrap();
+    assert_eq!(env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref(), Some("4096m"));
+    assert_eq!(env(&spec, "CUDA_DEVICE_SM_LIMIT").as_deref(), Some("50"));
+    assert_eq!(mode(&node.cdi().claims_root.join(uid(1))), 0o777);
+    assert_eq!(state.prepare(&cref("c1", 1)).await.unwrap(), answer, "repeatable");
+    // A garbled spec of a prepared claim is rewritten by the next prepare.
+    let file = node.specs().file_for(&uid(1)).unwrap();
+    std::fs::write(&file, "{garbage").unwrap();
+    assert_eq!(state.prepare(&cref("c1", 1)).await.unwrap(), answer);
+    assert_eq!(node.specs().read(&uid(1)).unwrap().unwrap(), spec);
+    state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
+    assert!(!node.cdi().claims_root.join(uid(1)).exists());
+    assert!(node.specs().read(&uid(1)).unwrap().is_none());
+    state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_requests_on_one_card_are_one_device_with_the_summed_limit() {
+    let node = Node::new();
+    let c = claim(
+        "c1",
+        1,
+        &[
+            &share("hami-gpu-0", "a", 1, "4Gi", 20),
+            &share("hami-gpu-1", "b", 2, "2Gi", 10),
+            &share("hami-gpu-0", "c", 3, "8Gi", 30),
+        ],
+        None,
+    );
+    let state = node.state(vec![c], vec![]).await;
+    let answer = state.prepare(&cref("c1", 1)).await.unwrap();
+    let spec = node.specs().read(&uid(1)).unwrap().unwrap();
+    assert_eq!(spec.devices.len(), 2, "one CDI device per card");
+    assert_eq!(env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref(), Some("12288m"));
+    assert_eq!(env(&spec, "CUDA_DEVICE_SM_LIMIT_0").as_deref(), Some("50"));
+    assert_eq!(env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_1").as_deref(), Some("2048m"));
+    assert_eq!(env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_2"), None);
+    assert_eq!(env(&spec, "NVIDIA_VISIBLE_DEVICES").map(|v| v.split(',').count()), Some(2));
+    assert_eq!(answer[0].cdi_ids, answer[2].cdi_ids, "both requests on card 0 name its one device");
+    assert_ne!(answer[0].cdi_ids, answer[1].cdi_ids);
+    // The ledger holds three shares: card 0 carries 12Gi and two of its split count.
+    let snap = state.snapshot().await;
+    let used = &snap.usage[&vgpu_scheduling::DeviceName::new("hami-gpu-0").unwrap()];
+    assert_eq!((used["memory"].to_string(), used["shares"].to_string()), ("12Gi".into(), "2".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_using_two_claims_or_part_of_one_is_refused_by_name() {
+    let node = Node::new();
+    let pod: Pod = serde_saphyr::from_str(
+        r"
+metadata: {name: p, namespace: ns, uid: pod-1}
+spec:
+  resourceClaims: [{name: x, resourceClaimName: c1}, {name: y, resourceClaimName: c2}, {name: z, resourceClaimName: c3}]
+  containers:
+  - {name: both, image: i, resources: {claims: [{name: x}, {name: y}]}}
+  - {name: part, image: i, resources: {claims: [{name: z, request: a}]}}
+",
+    )
+    .unwrap();
+    let c1 = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "1Gi", 10)], Some(("p", "pod-1")));
+    let c2 = claim("c2", 2, &[&share("hami-gpu-1", "gpu", 2, "1Gi", 10)], Some(("p", "pod-1")));
+    let c3 =
+        claim("c3", 3, &[&share("hami-gpu-0", "a", 3, "1Gi", 10), &share("hami-gpu-1", "b", 4, "1Gi", 10)], Some(("p", "pod-1")));
+    let state = node.state(vec![c1, c2, c3], vec![pod]).await;
+    let err = state.prepare(&cref("c1", 1)).await.unwrap_err().chain();
+    assert!(err.contains("container both of pod p also uses claim c2"), "{err}");
+    let err = state.prepare(&cref("c3", 3)).await.unwrap_err().chain();
+    assert!(err.contains("container part of pod p uses only request(s) [\"a\"]"), "{err}");
+    // Nothing was admitted, written or created for the refused claims.
+    assert_eq!(state.prepared_count().await, 0);
+    assert!(node.specs().list_owned().unwrap().is_empty());
+    assert!(!node.cdi().claims_root.join(uid(1)).exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_a_smaller_configuration_keeps_every_share_and_blocks_the_card() {
+    let node = Node::new();
+    let claims = vec![
+        claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "12Gi", 10)], None),
+        claim("c2", 2, &[&share("hami-gpu-0", "gpu", 2, "12Gi", 10)], None),
+        claim("c3", 3, &[&share("hami-gpu-0", "gpu", 3, "1Gi", 10)], None),
+    ];
+    let scaled = SharingConfig { memory_scaling: Ratio::parse("deviceMemoryScaling", "2").unwrap(), ..SharingConfig::default() };
+    let state = node.state_with(fixed(claims.clone(), vec![]), scaled, StateOptions::default()).await;
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    state.prepare(&cref("c2", 2)).await.unwrap();
+    drop(state);
+    // Memory scaling 2 -> 1: 24Gi prepared on a card that now offers 15Gi.
+    let state = node.state(claims, vec![]).await;
+    let snap = state.snapshot().await;
+    let card = vgpu_scheduling::DeviceName::new("hami-gpu-0").unwrap();
+    assert_eq!(snap.usage[&card]["memory"].to_string(), "24Gi");
+    assert_eq!(snap.overcommitted, vec![(card.clone(), "memory".to_owned())]);
+    let err = state.prepare(&cref("c3", 3)).await.unwrap_err();
+    assert_eq!(err.reason(), "over_capacity", "{}", err.chain());
+    // Releasing one share brings the card back under its capacity.
+    state.unprepare(&Uid::new(uid(2)).unwrap()).await.unwrap();
+    state.check_once().await;
+    assert!(state.snapshot().await.overcommitted.is_empty());
+    state.prepare(&cref("c3", 3)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_survives_fifos_directories_and_links_in_every_directory() {
+    let node = Node::new();
+    let c = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let state = node.state(vec![c.clone()], vec![]).await;
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    drop(state);
+    let stem = node.cdi().kind.file_stem();
+    for dir in [node.checkpoint_dir(), node.root.path().join("cdi")] {
+        let fifo = dir.join(format!("{stem}_{}.json", uid(7)));
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        std::fs::create_dir(dir.join(format!("{}.json", uid(8)))).unwrap();
+        std::fs::create_dir(dir.join(format!("{stem}_{}.json", uid(9)))).unwrap();
+        std::os::unix::fs::symlink(dir.join("nowhere"), dir.join(format!("{stem}_{}.json", uid(6)))).unwrap();
+    }
+    // Garble the prepared claim's spec too: start-up rewrites it.
+    std::fs::write(node.specs().file_for(&uid(1)).unwrap(), "not json").unwrap();
+    let state = tokio::time::timeout(Duration::from_secs(20), node.state(vec![c], vec![])).await.expect("start-up hung");
+    assert_eq!(state.prepared_count().await, 1);
+    assert!(node.specs().read(&uid(1)).unwrap().is_some());
+    state.prepare(&cref("c1", 1)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_record_while_the_api_is_down_deletes_nothing_and_holds_the_card() {
+    let node = Node::new();
+    let c = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let state = node.state(vec![c.clone()], vec![]).await;
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    drop(state);
+    let record = node.checkpoint_dir().join(format!("{}.json", uid(1)));
+    std::fs::write(&record, "{truncated").unwrap();
+    let state = node.state_with(dead_api(), SharingConfig::default(), StateOptions::default()).await;
+    assert!(node.specs().read(&uid(1)).unwrap().is_some(), "the running claim's spec stays");
+    assert!(node.cdi().claims_root.join(uid(1)).is_dir(), "and its directory");
+    let snap = state.snapshot().await;
+    let card = vgpu_scheduling::DeviceName::new("hami-gpu-0").unwrap();
+    assert_eq!(snap.usage[&card]["memory"].to_string(), "15Gi", "the card is held whole until the API answers");
+    drop(state);
+    // With the API back, the claim is adopted with its real share.
+    let state = node.state(vec![c], vec![]).await;
+    assert_eq!(state.prepared_count().await, 1);
+    let snap = state.snapshot().await;
+    assert_eq!(snap.usage[&card]["memory"].to_string(), "4Gi");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_gone_from_the_api_are_released_after_the_grace_period_only() {
+    let node = Node::new();
+    let c = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let state = node.state(vec![c], vec![]).await;
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    drop(state);
+    // An API error is no verdict: nothing is released, however long it lasts.
+    let options = StateOptions { deleted_claim_grace: Duration::ZERO, ..Default::default() };
+    let state = node.state_with(dead_api(), SharingConfig::default(), options.clone()).await;
+    state.check_once().await;
+    assert_eq!(state.prepared_count().await, 1);
+    drop(state);
+    // Deleted from the API: kept within the grace period, released after it.
+    let patient = StateOptions { deleted_claim_grace: Duration::from_secs(3600), ..Default::default() };
+    let state = node.state_with(fixed(vec![], vec![]), SharingConfig::default(), patient).await;
+    state.check_once().await;
+    assert_eq!(state.prepared_count().await, 1);
+    drop(state);
+    let state = node.state_with(fixed(vec![], vec![]), SharingConfig::default(), options).await;
+    state.check_once().await;
+    state.check_once().await;
+    assert_eq!(state.prepared_count().await, 0);
+    assert!(node.specs().read(&uid(1)).unwrap().is_none());
+    // Recreated under the same name with a new UID counts as gone too.
+    let state = node.state(vec![claim("c1", 2, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None)], vec![]).await;
+    state.prepare(&cref("c1", 2)).await.unwrap();
+    assert_eq!(state.prepared_count().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_leaves_no_directory_record_or_share() {
+    let node = Node::new();
+    let c = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let state = node.state(vec![c], vec![]).await;
+    // A directory where the spec file goes: the write fails.
+    let target = node.specs().file_for(&uid(1)).unwrap();
+    std::fs::create_dir_all(&target).unwrap();
+    let err = state.prepare(&cref("c1", 1)).await.unwrap_err();
+    assert_eq!(err.reason(), "storage");
+    assert!(err.chain().contains("os error"), "the OS error is kept: {}", err.chain());
+    assert!(!node.cdi().claims_root.join(uid(1)).exists());
+    assert!(!node.checkpoint_dir().join(format!("{}.json", uid(1))).exists());
+    assert!(state.snapshot().await.usage.values().all(|u| u.values().all(|q| q.is_zero())));
+    std::fs::remove_dir(&target).unwrap();
+    state.prepare(&cref("c1", 1)).await.unwrap();
+}

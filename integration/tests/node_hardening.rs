@@ -1,0 +1,220 @@
+//! The node daemon tried as an attacker, a crashing node and an unlucky operator would: hostile
+//! allocations written past the scheduler, several requests and claims per container, a
+//! restart with a smaller configuration, garbage in its directories, a hung API server, a lost
+//! record while the API is down, and claims deleted behind the kubelet's back. Claims come from
+//! the real API server (and the real scheduler where it matters), prepares go through the
+//! kubelet's own plugin code, specs are read back by the CDI library.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{DRIVER, Dirs, NODE, claim_response, claim_with, driver_with, kubelet};
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
+
+fn error_of(reply: &Value, uid: &str) -> String {
+    if let Some(e) = reply.get("error") {
+        return e.to_string();
+    }
+    claim_response(reply, uid)["error"].as_str().unwrap_or_default().to_owned()
+}
+
+fn uid_of(kubectl: &Kubectl, name: &str) -> String {
+    kubectl.run(&["get", "resourceclaim", name, "-o", "jsonpath={.metadata.uid}"]).unwrap()
+}
+
+/// A claim with a hand-written allocation of `results` (flow mappings without driver and pool),
+/// as a buggy or hostile writer of the status subresource could leave it.
+fn hand_allocated(kubectl: &Kubectl, name: &str, results: &[String]) -> String {
+    let spec = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n"
+    );
+    kubectl.run_with_input(&["create", "-f", "-"], Some(&spec)).unwrap();
+    let results: String = results.iter().map(|r| format!("      - {{driver: {DRIVER}, pool: {NODE}, {r}}}\n")).collect();
+    let status = format!("{spec}status:\n  allocation:\n    devices:\n      results:\n{results}");
+    kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&status)).unwrap();
+    uid_of(kubectl, name)
+}
+
+fn result(request: &str, share: u32, memory: &str, cores: &str, shares: &str) -> String {
+    format!(
+        "device: hami-gpu-0, request: {request}, shareID: {share:08x}-0000-4000-8000-000000000000, consumedCapacity: {{memory: \"{memory}\", cores: \"{cores}\", shares: \"{shares}\"}}"
+    )
+}
+
+fn plane_with_class() -> (ControlPlane, Kubectl, Dirs) {
+    let plane = ControlPlane::start().expect("control plane");
+    plane.create_node(NODE).unwrap();
+    let kubectl = plane.kubectl().clone();
+    // The DeviceClass (and an unused claim) from the shared template.
+    kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap();
+    let dirs = Dirs::new(plane.dir());
+    (plane, kubectl, dirs)
+}
+
+#[test]
+fn hostile_allocations_and_names_are_refused_with_their_cause() {
+    let (plane, kubectl, dirs) = plane_with_class();
+    let zero_memory = hand_allocated(&kubectl, "zero-memory", &[result("gpu", 1, "0", "10", "1")]);
+    let zero_share = hand_allocated(&kubectl, "zero-share", &[result("gpu", 2, "1Gi", "10", "0")]);
+    let twice = hand_allocated(&kubectl, "twice", &[result("gpu", 3, "1Gi", "10", "1"), result("gpu", 3, "1Gi", "10", "1")]);
+    let _drv = driver_with(&plane, &dirs, "driver", &[]);
+    let mut k = kubelet(&dirs);
+    let reply = k
+        .prepare(&[
+            ("default", "zero-memory", &zero_memory),
+            ("default", "zero-share", &zero_share),
+            ("default", "twice", &twice),
+        ])
+        .unwrap();
+    let e = error_of(&reply, &zero_memory);
+    assert!(e.contains("consumedCapacity memory = 0") && e.contains("below the minimum 1Mi"), "{e}");
+    let e = error_of(&reply, &zero_share);
+    assert!(e.contains("consumedCapacity shares = 0") && e.contains("below the minimum 1"), "{e}");
+    let e = error_of(&reply, &twice);
+    assert!(e.contains("two results on hami-gpu-0 with the same share ID"), "{e}");
+    // A name that would address the status subresource of another claim never reaches the API.
+    let reply = k.prepare(&[("default", "zero-memory/status", &zero_memory)]).unwrap();
+    let e = error_of(&reply, &zero_memory);
+    assert!(e.contains("object name \"zero-memory/status\" is invalid"), "{e}");
+    assert!(dirs.checkpointed().is_empty(), "nothing was prepared");
+    assert_eq!(
+        std::fs::read_dir(&dirs.cdi)
+            .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().ends_with(".json")).count()),
+        0
+    );
+}
+
+fn metric(port: u16, name: &str, label: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    text.lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn a_restart_with_a_smaller_configuration_keeps_the_ledger_at_the_sum_of_prepared_claims() {
+    let (plane, kubectl, dirs) = plane_with_class();
+    let a = hand_allocated(&kubectl, "a", &[result("gpu", 1, "12Gi", "10", "1")]);
+    let b = hand_allocated(&kubectl, "b", &[result("gpu", 2, "12Gi", "10", "1")]);
+    let c = hand_allocated(&kubectl, "c", &[result("gpu", 3, "1Gi", "10", "1")]);
+    // Memory scaling 2: the 15Gi card offers 30Gi, both 12Gi claims fit.
+    let mut drv = driver_with(&plane, &dirs, "driver-scaled", &["--device-memory-scaling=2"]);
+    let mut k = kubelet(&dirs);
+    let reply = k.prepare(&[("default", "a", &a), ("default", "b", &b)]).unwrap();
+    assert_eq!((error_of(&reply, &a), error_of(&reply, &b)), (String::new(), String::new()), "{reply}");
+    drv.stop();
+    drop(k);
+    // Back to scaling 1: 24Gi prepared on a card of 15Gi.
+    let port = vgpu_dra_integration::free_port().unwrap();
+    let _drv = driver_with(&plane, &dirs, "driver-smaller", &[&format!("--metrics-address=127.0.0.1:{port}")]);
+    let mut k = kubelet(&dirs);
+    let allocated =
+        eventually("metrics", Duration::from_secs(20), || Ok(metric(port, "vgpu_dra_device_allocated", "capacity=\"memory\"")))
+            .unwrap();
+    assert_eq!(allocated, (24u64 << 30) as f64, "the ledger is the sum of prepared claims");
+    assert_eq!(metric(port, "vgpu_dra_device_overcommitted", "capacity=\"memory\""), Some(1.0));
+    let reply = k.prepare(&[("default", "c", &c)]).unwrap();
+    let e = error_of(&reply, &c);
+    assert!(e.contains("device hami-gpu-0: memory requested 1Gi, only 0 of 15Gi free"), "{e}");
+    // Releasing one brings the card back under; the small claim fits again.
+    assert_eq!(error_of(&k.unprepare(&[("default", "b", &b)]).unwrap(), &b), "");
+    let reply = k.prepare(&[("default", "c", &c)]).unwrap();
+    assert_eq!(error_of(&reply, &c), "", "{reply}");
+}
+
+#[test]
+fn garbage_in_every_directory_stops_nothing_and_a_garbled_spec_is_rewritten() {
+    let (plane, kubectl, dirs) = plane_with_class();
+    let a = hand_allocated(&kubectl, "a", &[result("gpu", 1, "4Gi", "50", "1")]);
+    let mut drv = driver_with(&plane, &dirs, "driver-first", &[]);
+    let mut k = kubelet(&dirs);
+    assert_eq!(error_of(&k.prepare(&[("default", "a", &a)]).unwrap(), &a), "");
+    drv.stop();
+    drop(k);
+    let spec_file = std::fs::read_dir(&dirs.cdi)
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().contains(&a))
+        .unwrap()
+        .path();
+    let good_spec = std::fs::read_to_string(&spec_file).unwrap();
+    std::fs::write(&spec_file, "{ garbled").unwrap();
+    let stem = "k8s.hami-core-gpu.project-hami.io-claim";
+    for dir in [dirs.checkpoint(), dirs.cdi.clone(), dirs.vgpu.join("claims")] {
+        for (n, what) in ["fifo", "dir", "link"].iter().enumerate() {
+            let uid = format!("0000000{n}-0000-4000-8000-000000000000");
+            let path = dir.join(format!("{stem}_{uid}.json"));
+            let plain = dir.join(format!("{uid}.json"));
+            match *what {
+                "fifo" => {
+                    for p in [&path, &plain] {
+                        assert!(std::process::Command::new("mkfifo").arg(p).status().unwrap().success());
+                    }
+                }
+                "dir" => {
+                    std::fs::create_dir_all(&path).unwrap();
+                    std::fs::create_dir_all(&plain).unwrap();
+                }
+                _ => {
+                    std::os::unix::fs::symlink(dir.join("nowhere"), &path).unwrap();
+                    std::os::unix::fs::symlink(dir.join("nowhere"), &plain).unwrap();
+                }
+            }
+        }
+    }
+    let mut drv = driver_with(&plane, &dirs, "driver-after-garbage", &[]);
+    let mut k = kubelet(&dirs);
+    drv.check_running().unwrap();
+    assert_eq!(std::fs::read_to_string(&spec_file).unwrap(), good_spec, "the garbled spec was rewritten at start");
+    // The prepared claim is answered from the checkpoint (with the API server frozen too:
+    // `device_loop.rs`), with the rewritten spec.
+    let reply = k.prepare(&[("default", "a", &a)]).unwrap();
+    assert_eq!(error_of(&reply, &a), "", "{reply}");
+}
+
+#[test]
+fn a_lost_record_while_the_api_is_down_deletes_nothing_and_deleted_claims_are_released() {
+    let (plane, kubectl, dirs) = plane_with_class();
+    let a = hand_allocated(&kubectl, "a", &[result("gpu", 1, "4Gi", "50", "1")]);
+    let b = hand_allocated(&kubectl, "b", &[result("gpu", 2, "2Gi", "10", "1")]);
+    let fast = ["--state-check-ms=300", "--deleted-claim-grace-seconds=2"];
+    let mut drv = driver_with(&plane, &dirs, "driver-first", &fast);
+    let mut k = kubelet(&dirs);
+    let reply = k.prepare(&[("default", "a", &a), ("default", "b", &b)]).unwrap();
+    assert_eq!((error_of(&reply, &a), error_of(&reply, &b)), (String::new(), String::new()), "{reply}");
+    drv.stop();
+    drop(k);
+    // A's record is lost, and the API is down when the driver starts again.
+    std::fs::write(dirs.checkpoint().join(format!("{a}.json")), "{ truncated").unwrap();
+    let has_spec = |uid: &str| {
+        std::fs::read_dir(&dirs.cdi).unwrap().filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().contains(uid))
+    };
+    let frozen = plane.freeze_apiserver().unwrap();
+    let mut drv = driver_with(&plane, &dirs, "driver-api-down", &fast);
+    let mut k = kubelet(&dirs);
+    std::thread::sleep(Duration::from_secs(4));
+    drv.check_running().unwrap();
+    assert!(has_spec(&a), "the running claim's spec is kept while the API cannot say");
+    assert!(dirs.vgpu.join("claims").join(&a).is_dir(), "and its directory");
+    frozen.thaw();
+    // Once the API answers, the claim is adopted back: its record is written again.
+    eventually("claim a re-adopted", Duration::from_secs(20), || Ok(dirs.checkpointed().contains(&a).then_some(()))).unwrap();
+    assert!(has_spec(&a));
+    // B is deleted from the API without an unprepare: released after the grace period.
+    kubectl.run(&["delete", "resourceclaim", "b", "--wait=false"]).unwrap();
+    eventually("claim b released", Duration::from_secs(20), || {
+        Ok((!dirs.checkpointed().contains(&b) && !has_spec(&b)).then_some(()))
+    })
+    .unwrap();
+    assert!(dirs.checkpointed().contains(&a), "A stands");
+    assert_eq!(error_of(&k.prepare(&[("default", "a", &a)]).unwrap(), &a), "");
+}
