@@ -7,9 +7,7 @@ use vgpu_dra::cli::{Cli, Command, UsageError, inventory, prepare_preview};
 use vgpu_dra::daemon;
 
 fn main() -> ExitCode {
-    // ring, named here: when another crate in the build enables rustls' aws-lc-rs too, rustls
-    // can no longer pick a provider by itself and the first TLS connection would panic.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    vgpu_dra::install_crypto_provider();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Inventory(args) => inventory(args, &mut std::io::stdout().lock()),

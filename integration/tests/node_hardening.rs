@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DRIVER, Dirs, NODE, claim_response, claim_with, driver_with, kubelet};
+use common::{DRIVER, Dirs, NODE, cdi_check, claim_response, claim_with, driver_with, kubelet};
 use serde_json::Value;
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
 
@@ -88,6 +88,91 @@ fn hostile_allocations_and_names_are_refused_with_their_cause() {
     );
 }
 
+#[test]
+fn two_requests_on_one_card_are_one_device_and_two_claims_in_one_container_are_refused() {
+    let (mut plane, kubectl, dirs) = plane_with_class();
+    // One claim, two requests; the node has one card, so the scheduler puts both on it. A
+    // second pod has a container that uses two claims.
+    kubectl
+        .apply(&format!(
+            r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: pair, namespace: default}}
+spec:
+  devices:
+    requests:
+    - {{name: a, exactly: {{deviceClassName: {DRIVER}, capacity: {{requests: {{memory: 4Gi, cores: "20"}}}}}}}}
+    - {{name: b, exactly: {{deviceClassName: {DRIVER}, capacity: {{requests: {{memory: 8Gi, cores: "30"}}}}}}}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: o1, namespace: default}}
+spec:
+  devices:
+    requests:
+    - {{name: gpu, exactly: {{deviceClassName: {DRIVER}, capacity: {{requests: {{memory: 512Mi, cores: "10"}}}}}}}}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: o2, namespace: default}}
+spec:
+  devices:
+    requests:
+    - {{name: gpu, exactly: {{deviceClassName: {DRIVER}, capacity: {{requests: {{memory: 512Mi, cores: "10"}}}}}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: p1, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  resourceClaims: [{{name: pair, resourceClaimName: pair}}]
+  containers:
+  - {{name: whole, image: registry.invalid/none, resources: {{claims: [{{name: pair}}]}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: p2, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  resourceClaims: [{{name: x, resourceClaimName: o1}}, {{name: y, resourceClaimName: o2}}]
+  containers:
+  - {{name: plain, image: registry.invalid/none}}
+  - {{name: greedy, image: registry.invalid/none, resources: {{claims: [{{name: x}}, {{name: y}}]}}}}
+"#
+        ))
+        .unwrap();
+    // The driver publishes the slice the scheduler allocates from.
+    let _drv = driver_with(&plane, &dirs, "driver", &[]);
+    for name in ["pair", "o1", "o2"] {
+        plane.wait_allocated("default", name, Duration::from_secs(30)).unwrap();
+    }
+    eventually("claims reserved for their pods", Duration::from_secs(30), || {
+        let c = kubectl.get_json(&["resourceclaim", "o2"])?;
+        Ok(c["status"]["reservedFor"].get(0).map(|_| ()))
+    })
+    .unwrap();
+    let (pair, o1, o2) = (uid_of(&kubectl, "pair"), uid_of(&kubectl, "o1"), uid_of(&kubectl, "o2"));
+    let mut k = kubelet(&dirs);
+    let reply = k.prepare(&[("default", "o1", &o1), ("default", "o2", &o2)]).unwrap();
+    for uid in [&o1, &o2] {
+        let e = error_of(&reply, uid);
+        assert!(e.contains("container greedy of pod p2 also uses claim"), "{e}");
+    }
+    let reply = k.prepare(&[("default", "pair", &pair)]).unwrap();
+    assert_eq!(error_of(&reply, &pair), "", "{reply}");
+    let devices = claim_response(&reply, &pair)["devices"].as_array().unwrap().clone();
+    assert_eq!(devices.len(), 2);
+    let ids: Vec<&str> = devices.iter().filter_map(|d| d["cdi_device_ids"][0].as_str()).collect();
+    assert_eq!(ids[0], ids[1], "both requests name the card's one CDI device");
+    let report = cdi_check(&dirs.cdi, &ids);
+    let env: Vec<&str> = report["env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=12288m"), "{env:?}");
+    assert!(env.contains(&"CUDA_DEVICE_SM_LIMIT=50"), "{env:?}");
+    assert!(!env.iter().any(|e| e.starts_with("CUDA_DEVICE_MEMORY_LIMIT_1")), "{env:?}");
+    let visible = env.iter().find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES=")).unwrap();
+    assert!(!visible.contains(','), "one card: {visible}");
+}
+
 fn metric(port: u16, name: &str, label: &str) -> Option<f64> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -122,6 +207,20 @@ fn a_restart_with_a_smaller_configuration_keeps_the_ledger_at_the_sum_of_prepare
             .unwrap();
     assert_eq!(allocated, (24u64 << 30) as f64, "the ledger is the sum of prepared claims");
     assert_eq!(metric(port, "vgpu_dra_device_overcommitted", "capacity=\"memory\""), Some(1.0));
+    // The owners hear it too: a Warning event on each claim of the card.
+    let warned = eventually("OverCapacity events", Duration::from_secs(20), || {
+        let events = kubectl.get_json(&["events.events.k8s.io", "-n", "default"])?;
+        let names: Vec<String> = events["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["reason"] == "OverCapacity" && e["type"] == "Warning")
+            .filter_map(|e| e["regarding"]["name"].as_str().map(str::to_owned))
+            .collect();
+        Ok((names.len() >= 2).then_some(names))
+    })
+    .unwrap();
+    assert!(warned.contains(&"a".to_owned()) && warned.contains(&"b".to_owned()), "{warned:?}");
     let reply = k.prepare(&[("default", "c", &c)]).unwrap();
     let e = error_of(&reply, &c);
     assert!(e.contains("device hami-gpu-0: memory requested 1Gi, only 0 of 15Gi free"), "{e}");
@@ -132,7 +231,7 @@ fn a_restart_with_a_smaller_configuration_keeps_the_ledger_at_the_sum_of_prepare
 }
 
 #[test]
-fn garbage_in_every_directory_stops_nothing_and_a_garbled_spec_is_rewritten() {
+fn garbage_in_every_directory_and_a_hung_api_server_delay_nothing_prepared() {
     let (plane, kubectl, dirs) = plane_with_class();
     let a = hand_allocated(&kubectl, "a", &[result("gpu", 1, "4Gi", "50", "1")]);
     let mut drv = driver_with(&plane, &dirs, "driver-first", &[]);
@@ -175,10 +274,18 @@ fn garbage_in_every_directory_stops_nothing_and_a_garbled_spec_is_rewritten() {
     let mut k = kubelet(&dirs);
     drv.check_running().unwrap();
     assert_eq!(std::fs::read_to_string(&spec_file).unwrap(), good_spec, "the garbled spec was rewritten at start");
-    // The prepared claim is answered from the checkpoint (with the API server frozen too:
-    // `device_loop.rs`), with the rewritten spec.
-    let reply = k.prepare(&[("default", "a", &a)]).unwrap();
+    // With the API server hung, a batch holding the prepared claim and one that needs the API
+    // is answered within 5 s: the prepared one from the checkpoint, the other after the read
+    // deadline (not the kubelet's 45 s).
+    let frozen = plane.freeze_apiserver().unwrap();
+    let started = std::time::Instant::now();
+    let ghost = "11111111-0000-4000-8000-000000000000";
+    let reply = k.prepare(&[("default", "a", &a), ("default", "ghost", ghost)]).unwrap();
+    let took = started.elapsed();
+    frozen.thaw();
+    assert!(took < Duration::from_secs(5), "answered after {took:?}");
     assert_eq!(error_of(&reply, &a), "", "{reply}");
+    assert!(error_of(&reply, ghost).contains("no answer from the API server"), "{reply}");
 }
 
 #[test]

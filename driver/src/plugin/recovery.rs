@@ -85,6 +85,7 @@ impl State {
         state.inner.lock().await.ledger.set_capacity(capacities(&published));
         state.sweep_specs(&loaded, &published).await;
         state.rebuild_ledger(&published).await;
+        state.report_overcommitted().await;
         state.repair_specs().await;
         Ok(state)
     }
@@ -227,6 +228,39 @@ impl State {
         *overcommitted = if published.is_empty() { Vec::new() } else { ledger.overcommitted() };
     }
 
+    /// Records an event on every prepared claim with a share on an over-committed card: the
+    /// owners of those pods are the ones who can release enough.
+    async fn report_overcommitted(&self) {
+        let hit: Vec<(ClaimRef, String)> = {
+            let inner = self.inner.lock().await;
+            inner
+                .prepared
+                .values()
+                .filter_map(|p| {
+                    let over: Vec<String> = p
+                        .devices
+                        .iter()
+                        .flat_map(|d| {
+                            inner
+                                .overcommitted
+                                .iter()
+                                .filter(move |(dev, _)| *dev == d.device)
+                                .map(|(dev, cap)| format!("{cap} of {dev}"))
+                        })
+                        .collect();
+                    (!over.is_empty()).then(|| (p.claim.clone(), over.join(", ")))
+                })
+                .collect()
+        };
+        for (claim, over) in hit {
+            let note = format!(
+                "prepared claims on node {} take more {over} than the card has now (its configuration shrank); the card admits no new claim until enough is released",
+                self.node
+            );
+            self.claims.warn(&claim, &self.node, super::source::ClaimEvent::OverCapacity, note).await;
+        }
+    }
+
     /// Rewrites the spec of every prepared claim that is missing, unreadable or changed on
     /// disk, and makes sure its directory is there; a failure is logged and retried later.
     pub(super) async fn repair_specs(&self) {
@@ -294,7 +328,12 @@ impl State {
                 for (device, capacity) in &over {
                     tracing::error!(%device, %capacity, "prepared claims take more than the card has; it admits nothing new until enough is released");
                 }
+                let grew = over.iter().any(|o| !inner.overcommitted.contains(o));
                 inner.overcommitted = over;
+                drop(inner);
+                if grew {
+                    self.report_overcommitted().await;
+                }
             }
         }
     }

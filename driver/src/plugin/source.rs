@@ -152,6 +152,48 @@ impl ClaimSource {
     }
 }
 
+/// Why an event is recorded on a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimEvent {
+    /// The claim's share no longer fits its card (a restart with a smaller configuration).
+    OverCapacity,
+}
+
+impl ClaimSource {
+    /// Records a Warning event on `claim` (`kubectl describe resourceclaim` shows it), so the
+    /// claim's owner learns what the node's log says. Best effort, with the read deadline: a
+    /// failure is logged, never passed on. Fixed sources record nothing.
+    pub async fn warn(&self, claim: &ClaimRef, node: &str, what: ClaimEvent, note: String) {
+        use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+        let Self::Api { client, timeout, .. } = self else { return };
+        let reporter = Reporter { controller: "vgpu-dra".into(), instance: Some(node.to_owned()) };
+        let recorder = Recorder::new(client.clone(), reporter);
+        let reason = match what {
+            ClaimEvent::OverCapacity => "OverCapacity",
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Prepare".into(),
+            secondary: None,
+        };
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("resource.k8s.io/v1".into()),
+            kind: Some("ResourceClaim".into()),
+            name: Some(claim.name.to_string()),
+            namespace: Some(claim.namespace.to_string()),
+            uid: Some(claim.uid.to_string()),
+            ..Default::default()
+        };
+        match tokio::time::timeout(*timeout, recorder.publish(&event, &reference)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(claim = %claim, error = %e, "event not recorded"),
+            Err(_) => tracing::warn!(claim = %claim, "event not recorded: no answer from the API server"),
+        }
+    }
+}
+
 async fn get<K>(
     api: Api<K>,
     name: &ObjectName,
@@ -193,6 +235,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hung_api_server_costs_one_deadline() {
+        crate::install_crypto_provider();
         // An address that accepts connections and never answers: a listener nobody serves.
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

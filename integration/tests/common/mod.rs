@@ -121,8 +121,17 @@ spec:
 }
 
 /// The kubelet's own plugin manager (kubelet-sim) for `dirs`, once it has registered the driver.
+/// It starts once the driver's registration socket answers: a socket that appears while the
+/// plugin watcher starts up (a killed driver's stale one is there but refuses connections) is
+/// seen twice, and the second registration closes the connection of the first, cancelling calls
+/// in flight on it.
 pub fn kubelet(dirs: &Dirs) -> vgpu_dra_integration::KubeletSim {
     std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
+    let socket = dirs.kubelet.join("plugins_registry").join(format!("{DRIVER}-reg.sock"));
+    vgpu_dra_integration::eventually("the driver's registration socket", std::time::Duration::from_secs(30), || {
+        Ok(std::os::unix::net::UnixStream::connect(&socket).is_ok().then_some(()))
+    })
+    .unwrap();
     let options = vgpu_dra_integration::KubeletSimOptions { node_name: NODE.into(), ..Default::default() };
     let mut k = vgpu_dra_integration::KubeletSim::start(&dirs.kubelet.join("plugins_registry"), DRIVER, &options).unwrap();
     k.wait_event("registered", std::time::Duration::from_secs(30), |e| e["driver"] == DRIVER && e.get("error").is_none())
