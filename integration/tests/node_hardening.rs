@@ -134,10 +134,10 @@ kind: Pod
 metadata: {{name: p2, namespace: default}}
 spec:
   nodeSelector: {{kubernetes.io/hostname: {NODE}}}
-  resourceClaims: [{{name: x, resourceClaimName: o1}}, {{name: y, resourceClaimName: o2}}]
+  resourceClaims: [{{name: first, resourceClaimName: o1}}, {{name: second, resourceClaimName: o2}}]
   containers:
   - {{name: plain, image: registry.invalid/none}}
-  - {{name: greedy, image: registry.invalid/none, resources: {{claims: [{{name: x}}, {{name: y}}]}}}}
+  - {{name: greedy, image: registry.invalid/none, resources: {{claims: [{{name: first}}, {{name: second}}]}}}}
 "#
         ))
         .unwrap();
@@ -270,6 +270,10 @@ fn garbage_in_every_directory_and_a_hung_api_server_delay_nothing_prepared() {
             }
         }
     }
+    // Other vendors' specs live in the same directory: a FIFO and a 256 MiB file there must
+    // neither block nor slow a prepare (they used to be read whole, under the state lock).
+    assert!(std::process::Command::new("mkfifo").arg(dirs.cdi.join("vendor-fifo.json")).status().unwrap().success());
+    std::fs::File::create(dirs.cdi.join("vendor-huge.json")).unwrap().set_len(256 << 20).unwrap();
     let mut drv = driver_with(&plane, &dirs, "driver-after-garbage", &[]);
     let mut k = kubelet(&dirs);
     drv.check_running().unwrap();
@@ -286,6 +290,8 @@ fn garbage_in_every_directory_and_a_hung_api_server_delay_nothing_prepared() {
     assert!(took < Duration::from_secs(5), "answered after {took:?}");
     assert_eq!(error_of(&reply, &a), "", "{reply}");
     assert!(error_of(&reply, ghost).contains("no answer from the API server"), "{reply}");
+    // Logs written to a file carry no terminal colour codes.
+    assert!(!std::fs::read_to_string(drv.log()).unwrap().contains('\x1b'), "ANSI escapes in the log file");
 }
 
 #[test]
@@ -324,4 +330,65 @@ fn a_lost_record_while_the_api_is_down_deletes_nothing_and_deleted_claims_are_re
     .unwrap();
     assert!(dirs.checkpointed().contains(&a), "A stands");
     assert_eq!(error_of(&k.prepare(&[("default", "a", &a)]).unwrap(), &a), "");
+}
+
+/// The driver as `start_driver` runs it, but in a private mount namespace where the CDI
+/// directory is a read-only bind mount (root ignores permission bits, so a mode would prove
+/// nothing).
+fn driver_with_read_only_cdi(plane: &ControlPlane, dirs: &Dirs, name: &str) -> vgpu_dra_integration::ManagedProcess {
+    let binary = vgpu_dra_integration::driver_binary().unwrap();
+    let mut command = vec![
+        binary.display().to_string(),
+        "kubelet-plugin".into(),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        "--inventory-poll-ms=200".into(),
+        "--metrics-address=127.0.0.1:0".into(),
+    ];
+    command.extend(dirs.args());
+    let quoted: Vec<String> = command.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
+    let cdi = dirs.cdi.display().to_string();
+    let script = format!("mount --bind '{cdi}' '{cdi}' && mount -o remount,bind,ro '{cdi}' && exec {}", quoted.join(" "));
+    let args: Vec<String> = ["--mount", "--propagation", "private", "sh", "-c", &script].iter().map(|s| (*s).to_owned()).collect();
+    vgpu_dra_integration::ManagedProcess::spawn(name, std::path::Path::new("/usr/bin/unshare"), &args, plane.dir()).unwrap()
+}
+
+#[test]
+fn a_read_only_cdi_directory_at_start_fails_prepares_not_the_daemon() {
+    let (plane, kubectl, dirs) = plane_with_class();
+    let a = hand_allocated(&kubectl, "a", &[result("gpu", 1, "4Gi", "50", "1")]);
+    let b = hand_allocated(&kubectl, "b", &[result("gpu", 2, "2Gi", "10", "1")]);
+    let mut drv = driver_with(&plane, &dirs, "driver-first", &[]);
+    let mut k = kubelet(&dirs);
+    assert_eq!(error_of(&k.prepare(&[("default", "a", &a)]).unwrap(), &a), "");
+    drv.stop();
+    drop(k);
+    // A reboot wiped the (tmpfs) CDI directory, and it comes back read-only.
+    for entry in std::fs::read_dir(&dirs.cdi).unwrap().filter_map(Result::ok) {
+        std::fs::remove_file(entry.path()).unwrap();
+    }
+    std::fs::remove_file(dirs.kubelet.join("plugins_registry").join(format!("{DRIVER}-reg.sock"))).ok();
+    let mut drv = driver_with_read_only_cdi(&plane, &dirs, "driver-read-only");
+    let mut k = kubelet(&dirs);
+    drv.check_running().expect("the daemon starts and serves with a read-only CDI directory");
+    // Each claim gets its own error naming the file system; the daemon stays up.
+    let reply = k.prepare(&[("default", "a", &a), ("default", "b", &b)]).unwrap();
+    for uid in [&a, &b] {
+        let e = error_of(&reply, uid);
+        assert!(e.contains("Read-only file system"), "{e}");
+    }
+    drv.check_running().unwrap();
+    assert!(dirs.checkpointed().contains(&a), "the prepared claim's record is kept");
+    assert!(!dirs.checkpointed().contains(&b), "the refused one left no record");
+    drv.stop();
+    drop(k);
+    // Writable again: the prepared claim's spec is rewritten at start.
+    let _drv = driver_with(&plane, &dirs, "driver-writable", &[]);
+    let mut k = kubelet(&dirs);
+    eventually("spec of a rewritten", Duration::from_secs(20), || {
+        Ok(std::fs::read_dir(&dirs.cdi)?.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().contains(&a)).then_some(()))
+    })
+    .unwrap();
+    let reply = k.prepare(&[("default", "a", &a), ("default", "b", &b)]).unwrap();
+    assert_eq!((error_of(&reply, &a), error_of(&reply, &b)), (String::new(), String::new()), "{reply}");
 }
