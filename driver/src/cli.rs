@@ -108,15 +108,27 @@ impl ConfigArgs {
     /// # Errors
     /// [`UsageError`] naming the key.
     pub fn resolve(&self, node: &str) -> Result<SharingConfig, UsageError> {
-        let flags = ConfigFlags {
+        config::resolve(self.config.as_deref(), &self.flags(), node).map_err(|e| UsageError(e.to_string()))
+    }
+
+    /// [`ConfigArgs::resolve`], keeping the whole file (HAMi's request settings, MIG
+    /// geometries, ignored keys) for the daemon; nothing is logged yet.
+    ///
+    /// # Errors
+    /// [`UsageError`] naming the key.
+    pub fn resolve_all(&self, node: &str) -> Result<config::Resolved, UsageError> {
+        config::resolve_all(self.config.as_deref(), &self.flags(), node).map_err(|e| UsageError(e.to_string()))
+    }
+
+    fn flags(&self) -> ConfigFlags {
+        ConfigFlags {
             driver_name: self.driver_name.clone(),
             device_split_count: self.device_split_count,
             device_memory_scaling: self.device_memory_scaling.clone(),
             device_core_scaling: self.device_core_scaling.clone(),
             filter_uuids: self.filter_uuids.clone(),
             filter_indices: self.filter_indices.clone(),
-        };
-        config::resolve(self.config.as_deref(), &flags, node).map_err(|e| UsageError(e.to_string()))
+        }
     }
 }
 

@@ -1,78 +1,13 @@
 //! The sharing configuration: defaults, then the config file, then flags, then the node's
 //! override from the file. Invalid values are refused at start with the key and the reason.
+//!
+//! The file is either vgpu-dra's own form or HAMi's `device-config.yaml` (HAMi's chart or
+//! volcano-vgpu-device-plugin's); [`vgpu_scheduling::DeviceConfig`] reads both, and the same
+//! precedence applies to the settings either form gives.
 
 use std::path::Path;
 
-use serde::Deserialize;
-use vgpu_scheduling::{ConfigError, DeviceFilter, DriverName, NodeOverride, Ratio, SharingConfig};
-
-/// A number or a string in YAML, kept as text so ratios stay exact.
-#[derive(Debug, Clone, PartialEq)]
-struct Scalar(String);
-
-impl<'de> Deserialize<'de> for Scalar {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Scalar;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a number")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_owned()))
-            }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Scalar, E> {
-                Ok(Scalar(v.to_string()))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct FilterFile {
-    #[serde(default)]
-    uuid: Vec<String>,
-    #[serde(default)]
-    index: Vec<u32>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct NodeConfigFile {
-    name: NodeNames,
-    device_split_count: Option<u32>,
-    device_memory_scaling: Option<Scalar>,
-    device_core_scaling: Option<Scalar>,
-    filter_devices: Option<FilterFile>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum NodeNames {
-    One(String),
-    Many(Vec<String>),
-}
-
-/// The config file (YAML or JSON), HAMi's keys in camelCase.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ConfigFile {
-    driver_name: Option<String>,
-    device_split_count: Option<u32>,
-    device_memory_scaling: Option<Scalar>,
-    device_core_scaling: Option<Scalar>,
-    filter_devices: Option<FilterFile>,
-    #[serde(default)]
-    node_config: Vec<NodeConfigFile>,
-}
+use vgpu_scheduling::{ConfigError, DeviceConfig, DriverName, Inventory, Ratio, SharingConfig};
 
 /// Values given on the command line, which win over the file.
 #[derive(Debug, Clone, Default)]
@@ -91,64 +26,98 @@ pub struct ConfigFlags {
     pub filter_indices: Vec<u32>,
 }
 
-/// Resolves the configuration that applies to `node`.
+/// The configuration for one node, and what the file said beyond sharing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The sharing settings that apply to the node.
+    pub sharing: SharingConfig,
+    /// The file as read (the defaults when there is none): HAMi's request settings for a
+    /// webhook, MIG geometries, and the keys that have no effect.
+    pub file: DeviceConfig,
+}
+
+/// Resolves the configuration that applies to `node`, logging the file's ignored keys once.
 ///
 /// # Errors
-/// [`ConfigError`] naming the key (file keys as written in the file, flags as `--flag`).
+/// [`ConfigError`] naming the key (file errors as `--config` with file, line and key path;
+/// flags as `--flag`).
 pub fn resolve(file: Option<&Path>, flags: &ConfigFlags, node: &str) -> Result<SharingConfig, ConfigError> {
+    let resolved = resolve_all(file, flags, node)?;
+    resolved.log_ignored();
+    Ok(resolved.sharing)
+}
+
+/// [`resolve`] without logging, keeping the whole file for callers that need more than sharing.
+///
+/// # Errors
+/// As [`resolve`].
+pub fn resolve_all(file: Option<&Path>, flags: &ConfigFlags, node: &str) -> Result<Resolved, ConfigError> {
     let parsed = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| ConfigError { key: "--config", reason: format!("{}: {e}", path.display()) })?;
-            serde_saphyr::from_str::<ConfigFile>(&text)
-                .map_err(|e| ConfigError { key: "--config", reason: format!("{}: {e}", path.display()) })?
+            DeviceConfig::parse(&path.display().to_string(), &text)
+                .map_err(|e| ConfigError { key: "--config", reason: e.to_string() })?
         }
-        None => ConfigFile::default(),
+        None => DeviceConfig::default(),
     };
     let mut config = SharingConfig::default();
-    if let Some(name) = flags.driver_name.as_ref().or(parsed.driver_name.as_ref()) {
-        let key = if flags.driver_name.is_some() { "--driver-name" } else { "driverName" };
-        config.driver_name = DriverName::new(name.clone()).map_err(|e| ConfigError { key, reason: e.to_string() })?;
+    if let Some(name) = &flags.driver_name {
+        config.driver_name =
+            DriverName::new(name.clone()).map_err(|e| ConfigError { key: "--driver-name", reason: e.to_string() })?;
+    } else if let Some(name) = &parsed.driver_name {
+        config.driver_name = name.clone();
     }
     if let Some(n) = flags.device_split_count.or(parsed.device_split_count) {
         config.device_split_count = n;
     }
-    let ratio = |key: &'static str, v: &str| Ratio::parse(key, v);
-    match (&flags.device_memory_scaling, &parsed.device_memory_scaling) {
-        (Some(v), _) => config.memory_scaling = ratio("--device-memory-scaling", v)?,
-        (None, Some(Scalar(v))) => config.memory_scaling = ratio("deviceMemoryScaling", v)?,
+    match (&flags.device_memory_scaling, parsed.memory_scaling) {
+        (Some(v), _) => config.memory_scaling = Ratio::parse("--device-memory-scaling", v)?,
+        (None, Some(r)) => config.memory_scaling = r,
         _ => {}
     }
-    match (&flags.device_core_scaling, &parsed.device_core_scaling) {
-        (Some(v), _) => config.core_scaling = ratio("--device-core-scaling", v)?,
-        (None, Some(Scalar(v))) => config.core_scaling = ratio("deviceCoreScaling", v)?,
+    match (&flags.device_core_scaling, parsed.core_scaling) {
+        (Some(v), _) => config.core_scaling = Ratio::parse("--device-core-scaling", v)?,
+        (None, Some(r)) => config.core_scaling = r,
         _ => {}
     }
-    if let Some(f) = &parsed.filter_devices {
-        config.filter = DeviceFilter { uuids: f.uuid.clone(), indices: f.index.clone() };
+    if let Some(f) = &parsed.filter {
+        config.filter = f.clone();
     }
     if !flags.filter_uuids.is_empty() || !flags.filter_indices.is_empty() {
-        config.filter = DeviceFilter { uuids: flags.filter_uuids.clone(), indices: flags.filter_indices.clone() };
+        config.filter =
+            vgpu_scheduling::DeviceFilter { uuids: flags.filter_uuids.clone(), indices: flags.filter_indices.clone() };
     }
-    let mut overrides = Vec::new();
-    for n in &parsed.node_config {
-        let nodes = match &n.name {
-            NodeNames::One(s) => vec![s.clone()],
-            NodeNames::Many(v) => v.clone(),
-        };
-        overrides.push(NodeOverride {
-            nodes,
-            device_split_count: n.device_split_count,
-            memory_scaling: n
-                .device_memory_scaling
-                .as_ref()
-                .map(|Scalar(v)| ratio("nodeConfig.deviceMemoryScaling", v))
-                .transpose()?,
-            core_scaling: n.device_core_scaling.as_ref().map(|Scalar(v)| ratio("nodeConfig.deviceCoreScaling", v)).transpose()?,
-            filter: n.filter_devices.as_ref().map(|f| DeviceFilter { uuids: f.uuid.clone(), indices: f.index.clone() }),
-        });
+    let sharing = config.for_node(&parsed.node_overrides, node)?;
+    Ok(Resolved { sharing, file: parsed })
+}
+
+impl Resolved {
+    /// Logs, in one line, the file's keys that have no effect here and why.
+    pub fn log_ignored(&self) {
+        if self.file.ignored.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = self.file.ignored.iter().map(|i| format!("{} ({})", i.key, i.why)).collect();
+        tracing::warn!(form = ?self.file.form, ignored = %keys.join("; "), "device config keys with no effect in vgpu-dra");
     }
-    config.for_node(&overrides, node)
+
+    /// Logs which models of the file's MIG geometries are on this node (they are kept for MIG
+    /// profiles; the driver publishes the instances NVML reports).
+    pub fn log_mig(&self, inventory: &Inventory) {
+        if self.file.mig.is_empty() {
+            return;
+        }
+        let present = self.file.mig_models_present(inventory);
+        if present.is_empty() {
+            tracing::info!(
+                models = self.file.mig.iter().map(|m| m.models.len()).sum::<usize>(),
+                "no model of the device config's MIG geometries is on this node"
+            );
+        } else {
+            tracing::info!(models = %present.join(", "), "device config lists MIG geometries for models on this node");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -175,19 +144,36 @@ mod tests {
     }
 
     #[test]
+    fn hami_form_takes_the_same_precedence() {
+        let f = file(
+            "nvidia:\n  deviceSplitCount: 6\n  deviceCoreScaling: 2\n  overwriteEnv: true\nnodeConfig:\n- name: big\n  deviceSplitCount: 12\n",
+        );
+        let r = resolve_all(Some(f.path()), &ConfigFlags::default(), "small").unwrap();
+        assert_eq!((r.sharing.device_split_count, r.sharing.core_scaling.to_string()), (6, "2".into()));
+        assert_eq!(r.file.ignored.len(), 1);
+        let flags = ConfigFlags { device_split_count: Some(3), ..Default::default() };
+        assert_eq!(resolve(Some(f.path()), &flags, "small").unwrap().device_split_count, 3);
+        assert_eq!(resolve(Some(f.path()), &flags, "big").unwrap().device_split_count, 12);
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let cases = [
-            ("deviceMemoryScaling: 0.5\n", "deviceMemoryScaling: "),
-            ("deviceSplitCount: 0\n", "deviceSplitCount: must be at least 1"),
-            ("driverName: Bad_Name\n", "driverName: "),
-            ("devicesplitcount: 3\n", "--config: "),
-            ("nodeConfig:\n- name: n1\n  deviceCoreScaling: lots\n", "nodeConfig.deviceCoreScaling: "),
+            ("deviceMemoryScaling: 0.5\n", "line 1: deviceMemoryScaling: "),
+            ("deviceSplitCount: 0\n", "line 1: deviceSplitCount: 0 is outside"),
+            ("driverName: Bad_Name\n", "line 1: driverName: "),
+            ("devicesplitcount: 3\n", "line 1: devicesplitcount: unknown key"),
+            ("nodeConfig:\n- name: n1\n  deviceCoreScaling: lots\n", "line 3: nodeConfig[0].deviceCoreScaling: "),
+            ("nvidia:\n  deviceSplitCount: ten\n", "line 2: nvidia.deviceSplitCount: expected an integer, got \"ten\""),
         ];
         for (text, want) in cases {
             let f = file(text);
             let e = resolve(Some(f.path()), &ConfigFlags::default(), "n1").unwrap_err().to_string();
-            assert!(e.starts_with(want), "{text:?}: {e}");
+            assert!(e.starts_with(&format!("--config: {}", f.path().display())) && e.contains(want), "{text:?}: {e}");
         }
+        let f = file("nodeConfig:\n- name: n1\n  deviceSplitCount: 0\n");
+        let e = resolve(Some(f.path()), &ConfigFlags::default(), "n1").unwrap_err().to_string();
+        assert!(e.contains("nodeConfig[0].deviceSplitCount: 0 is outside"), "{e}");
         let e = resolve(None, &ConfigFlags { device_core_scaling: Some("x".into()), ..Default::default() }, "n").unwrap_err();
         assert_eq!(e.key, "--device-core-scaling");
     }

@@ -60,7 +60,9 @@ pub fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
 /// Bad configuration ([`crate::cli::UsageError`]), no usable device source, or no API access.
 pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format)?;
-    let config = args.config.resolve(&args.node_name)?;
+    let resolved = args.config.resolve_all(&args.node_name)?;
+    resolved.log_ignored();
+    let config = resolved.sharing.clone();
     // The only reader of the devices: everyone else reads its snapshots, without I/O.
     let poll = Duration::from_millis(args.inventory_poll_ms.max(100));
     let devices =
@@ -82,6 +84,9 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         }
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
         snapshots.first(FIRST_INVENTORY).await.with_context(|| format!("no GPU inventory within {FIRST_INVENTORY:?}"))?;
+        if let Ok(inventory) = snapshots.inventory() {
+            resolved.log_mig(&inventory);
+        }
         let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
         let claims = ClaimSource::api(client.clone()).with_cache(claim_cache(
             client.clone(),

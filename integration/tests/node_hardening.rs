@@ -349,7 +349,8 @@ fn driver_with_read_only_cdi(plane: &ControlPlane, dirs: &Dirs, name: &str) -> v
     let quoted: Vec<String> = command.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect();
     let cdi = dirs.cdi.display().to_string();
     let script = format!("mount --bind '{cdi}' '{cdi}' && mount -o remount,bind,ro '{cdi}' && exec {}", quoted.join(" "));
-    let args: Vec<String> = ["--mount", "--propagation", "private", "sh", "-c", &script].iter().map(|s| (*s).to_owned()).collect();
+    let args: Vec<String> =
+        ["--mount", "--propagation", "private", "sh", "-c", &script].iter().map(|s| (*s).to_owned()).collect();
     vgpu_dra_integration::ManagedProcess::spawn(name, std::path::Path::new("/usr/bin/unshare"), &args, plane.dir()).unwrap()
 }
 
@@ -386,7 +387,10 @@ fn a_read_only_cdi_directory_at_start_fails_prepares_not_the_daemon() {
     let _drv = driver_with(&plane, &dirs, "driver-writable", &[]);
     let mut k = kubelet(&dirs);
     eventually("spec of a rewritten", Duration::from_secs(20), || {
-        Ok(std::fs::read_dir(&dirs.cdi)?.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().contains(&a)).then_some(()))
+        Ok(std::fs::read_dir(&dirs.cdi)?
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().contains(&a))
+            .then_some(()))
     })
     .unwrap();
     let reply = k.prepare(&[("default", "a", &a), ("default", "b", &b)]).unwrap();

@@ -19,7 +19,14 @@ pub mod device;
 pub mod model;
 
 pub use config::{ConfigError, DeviceFilter, NodeOverride, Ratio, SharingConfig};
+pub mod device_config;
+mod device_config_hami;
+mod yaml_tree;
+
 pub use device::{Attribute, PublishedDevice, publish};
+pub use device_config::{
+    ConfigForm, DeviceConfig, DeviceConfigError, HamiRequestSettings, IgnoredKey, MigGeometry, MigGeometryGroup, MigModels,
+};
 pub use model::{Gpu, Health, Inventory, MigDevice};
 pub mod ledger;
 

@@ -28,8 +28,12 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
-{{/* The sharing configuration file the driver reads with --config. */}}
+{{/* The sharing configuration file the driver reads with --config: HAMi's device config when
+given as text, else the file made from the sharing values. */}}
 {{- define "vgpu-dra.config" -}}
+{{- if .Values.deviceConfig.content -}}
+{{ .Values.deviceConfig.content }}
+{{- else -}}
 driverName: {{ .Values.driverName | quote }}
 deviceSplitCount: {{ .Values.deviceSplitCount }}
 deviceMemoryScaling: {{ .Values.deviceMemoryScaling }}
@@ -38,4 +42,13 @@ filterDevices:
   uuid: {{ .Values.filterDevices.uuid | default list | toJson }}
   index: {{ .Values.filterDevices.index | default list | toJson }}
 nodeConfig: {{ .Values.nodeConfig | default list | toJson }}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the driver reads HAMi's device config (text or an existing ConfigMap). */}}
+{{- define "vgpu-dra.hamiDeviceConfig" -}}
+{{- if and .Values.deviceConfig.content .Values.deviceConfig.existingConfigMap -}}
+{{- fail "deviceConfig: set content or existingConfigMap, not both" -}}
+{{- end -}}
+{{- if or .Values.deviceConfig.content .Values.deviceConfig.existingConfigMap -}}true{{- end -}}
 {{- end -}}
