@@ -34,5 +34,5 @@ pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};
 pub mod compat;
 pub mod limits;
 
-pub use compat::{CompatError, DeviceRequest, from_hami_limits};
+pub use compat::{CardRequest, ClassFacts, CompatError, CompatSettings, PodConversion, convert_pod};
 pub use limits::{DeviceShare, LimitError, LimitOptions, container_env, per_card};

@@ -1,0 +1,212 @@
+use serde_json::json;
+
+use super::*;
+use crate::compat::fixtures::*;
+use crate::compat::{ANNOTATION_NOUSE_TYPE, ANNOTATION_USE_TYPE, ANNOTATION_USE_UUID};
+
+const MIB: u64 = 1 << 20;
+
+fn spec(request: &CardRequest, selection: &Selection, facts: &ClassFacts) -> Result<serde_json::Value, CompatError> {
+    let s = claim_spec("cuda", request, selection, &CompatSettings::hami(), facts)?;
+    Ok(serde_json::to_value(s).unwrap())
+}
+
+fn req(count: u32, memory: MemoryRequest, cores: u32) -> CardRequest {
+    CardRequest { count, memory, cores, priority: None }
+}
+
+#[test]
+fn seed_pod_becomes_the_seed_claim_request() {
+    // Source document 003: nvidia.com/gpu 1, gpumem 4096, gpucores 50.
+    let got = spec(&req(1, MemoryRequest::Bytes(4096 * MIB), 50), &Selection::default(), &t4_facts()).unwrap();
+    let want = json!({"spec": {"devices": {"requests": [{
+        "name": "gpu",
+        "exactly": {
+            "allocationMode": "ExactCount",
+            "count": 1,
+            "deviceClassName": "hami-core-gpu.project-hami.io",
+            "capacity": {"requests": {"cores": "50", "memory": "4294967296"}},
+        },
+    }]}}});
+    assert_eq!(got, want);
+}
+
+#[test]
+fn whole_cards_ask_no_memory_and_several_cards_are_distinct() {
+    let got = spec(&req(2, MemoryRequest::WholeCard, 100), &Selection::default(), &t4_facts()).unwrap();
+    let devices = &got["spec"]["devices"];
+    // No memory request: the device's policy default (the whole card) is consumed.
+    assert_eq!(devices["requests"][0]["exactly"]["capacity"], json!({"requests": {"cores": "100"}}));
+    assert_eq!(devices["requests"][0]["exactly"]["count"], 2);
+    assert_eq!(devices["constraints"], json!([{"distinctAttribute": "hami-core-gpu.project-hami.io/uuid", "requests": ["gpu"]}]));
+    let one = spec(&req(1, MemoryRequest::WholeCard, 100), &Selection::default(), &t4_facts()).unwrap();
+    assert!(one["spec"]["devices"].get("constraints").is_none());
+}
+
+#[test]
+fn percentage_is_a_prioritized_list_over_the_class_models() {
+    let got = spec(&req(2, MemoryRequest::Percent(50), 0), &Selection::default(), &mixed_facts()).unwrap();
+    let request = &got["spec"]["devices"]["requests"][0];
+    assert!(request.get("exactly").is_none());
+    let subs = request["firstAvailable"].as_array().unwrap();
+    assert_eq!(subs.len(), 2);
+    let a = r#"device.attributes["hami-core-gpu.project-hami.io"]"#;
+    let c = r#"device.capacity["hami-core-gpu.project-hami.io"]"#;
+    // Sorted by model, whatever the order of the slices.
+    assert_eq!(
+        subs[0],
+        json!({
+            "name": "card0-nvidia-a100-sxm4-80gb",
+            "allocationMode": "ExactCount",
+            "count": 2,
+            "deviceClassName": "hami-core-gpu.project-hami.io",
+            "capacity": {"requests": {"cores": "0", "memory": (40u64 << 30).to_string()}},
+            "selectors": [{"cel": {"expression":
+                format!(r#"{a}.productName == "NVIDIA A100-SXM4-80GB" && {c}.memory.compareTo(quantity("85899345920")) == 0"#)}}],
+        })
+    );
+    assert_eq!(subs[1]["name"], "card1-tesla-t4");
+    assert_eq!(subs[1]["capacity"]["requests"]["memory"], (7680 * MIB).to_string());
+    // Several cards stay distinct whichever subrequest is picked.
+    assert_eq!(got["spec"]["devices"]["constraints"][0]["requests"], json!(["gpu"]));
+}
+
+#[test]
+fn percentage_rounds_down_to_whole_mib_of_the_picked_card() {
+    let odd = ClassFacts::new([CardModel { product_name: "NVIDIA H200".into(), memory_bytes: 143_771 * MIB }], 8);
+    let got = spec(&req(1, MemoryRequest::Percent(33), 0), &Selection::default(), &odd).unwrap();
+    let memory = &got["spec"]["devices"]["requests"][0]["firstAvailable"][0]["capacity"]["requests"]["memory"];
+    assert_eq!(memory, &json!((143_771 * 33 / 100 * MIB).to_string()));
+}
+
+#[test]
+fn annotations_add_selectors_and_narrow_the_models() {
+    let sel = Selection::from_annotations(&annotations(&[(ANNOTATION_USE_TYPE, "t4"), (ANNOTATION_USE_UUID, "GPU-1")]));
+    let got = spec(&req(1, MemoryRequest::Percent(50), 0), &sel, &mixed_facts()).unwrap();
+    let subs = got["spec"]["devices"]["requests"][0]["firstAvailable"].as_array().unwrap();
+    assert_eq!(subs.len(), 1, "the A100 is not selectable");
+    assert_eq!(subs[0]["selectors"].as_array().unwrap().len(), 3);
+    let got = spec(&req(1, MemoryRequest::Bytes(MIB), 10), &sel, &mixed_facts()).unwrap();
+    assert_eq!(got["spec"]["devices"]["requests"][0]["exactly"]["selectors"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn percentages_that_cannot_be_expressed_are_denied() {
+    let pct = req(1, MemoryRequest::Percent(50), 0);
+    let e = spec(&pct, &Selection::default(), &ClassFacts::default()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "container \"cuda\": nvidia.com/gpumem-percentage: no card of the class is published yet, so a percentage of its memory cannot be expressed"
+    );
+    let no_t4 = Selection::from_annotations(&annotations(&[(ANNOTATION_NOUSE_TYPE, "T4")]));
+    assert_eq!(spec(&pct, &no_t4, &t4_facts()).unwrap_err().reason(), "no_card_model");
+    let nine = ClassFacts::new((0..9).map(|i| CardModel { product_name: format!("Model {i}"), memory_bytes: 16 << 30 }), 8);
+    let e = spec(&pct, &Selection::default(), &nine).unwrap_err();
+    assert_eq!(e.reason(), "too_many_card_models");
+    assert!(e.to_string().contains("9 card models, more than the 8"), "{e}");
+    let one = Selection::from_annotations(&annotations(&[(ANNOTATION_USE_TYPE, "model 3")]));
+    assert!(spec(&pct, &one, &nine).is_ok());
+    // 100 % is the whole card and needs no model.
+    assert!(spec(&req(1, MemoryRequest::WholeCard, 100), &Selection::default(), &ClassFacts::default()).is_ok());
+}
+
+#[test]
+fn priority_and_core_policy_travel_as_opaque_config() {
+    let mut r = req(1, MemoryRequest::Bytes(MIB), 10);
+    r.priority = Some(0);
+    let settings = CompatSettings { core_policy: CorePolicy::Force, ..CompatSettings::hami() };
+    let got = serde_json::to_value(claim_spec("cuda", &r, &Selection::default(), &settings, &t4_facts()).unwrap()).unwrap();
+    assert_eq!(
+        got["spec"]["devices"]["config"],
+        json!([{"requests": ["gpu"], "opaque": {"driver": "hami-core-gpu.project-hami.io", "parameters": {
+            "apiVersion": "hami-core-gpu.project-hami.io/v1alpha1", "kind": "HamiCoreConfig",
+            "taskPriority": 0, "coreUtilizationPolicy": "force"}}}])
+    );
+    let plain = spec(&req(1, MemoryRequest::Bytes(MIB), 10), &Selection::default(), &t4_facts()).unwrap();
+    assert!(plain["spec"]["devices"].get("config").is_none());
+}
+
+#[test]
+fn hami_core_config_round_trips_and_names_the_env() {
+    let c = HamiCoreConfig { task_priority: Some(1), core_utilization_policy: CorePolicy::Disable };
+    let back = HamiCoreConfig::from_parameters(&c.to_parameters()).unwrap();
+    assert_eq!(back, c);
+    assert_eq!(back.env(), [("CUDA_TASK_PRIORITY", "1".to_owned()), ("GPU_CORE_UTILIZATION_POLICY", "disable".to_owned())]);
+    assert!(HamiCoreConfig::default().env().is_empty());
+    let other = json!({"apiVersion": "gpu.nvidia.com/v1beta1", "kind": "GpuConfig"});
+    assert!(matches!(HamiCoreConfig::from_parameters(&other), Err(HamiCoreConfigError::OtherType { .. })));
+    let bad = json!({"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "taskPriority": "high"});
+    assert!(matches!(HamiCoreConfig::from_parameters(&bad), Err(HamiCoreConfigError::Invalid(_))));
+}
+
+#[test]
+fn template_names_are_stable_content_hashes() {
+    let s = |cores| {
+        claim_spec(
+            "a",
+            &req(1, MemoryRequest::Bytes(4096 * MIB), cores),
+            &Selection::default(),
+            &CompatSettings::hami(),
+            &t4_facts(),
+        )
+    };
+    let name = template_name(&s(50).unwrap());
+    // Pinned: a change here orphans every template made by earlier releases.
+    assert_eq!(name, "hami-vgpu-f0729609fe2abd5a");
+    // The container name does not take part; the content does.
+    let other = claim_spec(
+        "b",
+        &req(1, MemoryRequest::Bytes(4096 * MIB), 50),
+        &Selection::default(),
+        &CompatSettings::hami(),
+        &t4_facts(),
+    );
+    assert_eq!(template_name(&other.unwrap()), name);
+    assert_ne!(template_name(&s(51).unwrap()), name);
+    assert_eq!(name.len(), TEMPLATE_PREFIX.len() + 16);
+    assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
+}
+
+#[test]
+fn subrequest_names_are_dns_labels() {
+    let long = "NVIDIA  Graphics Device (rev a1) / with a very long marketing name that keeps going on";
+    for (i, model) in [(0, "Tesla T4"), (7, "--weird--"), (3, long), (1, "")] {
+        let n = subrequest_name(i, model);
+        assert!(n.len() <= 63 && !n.ends_with('-') && n.starts_with("card"), "{n}");
+        assert!(n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'), "{n}");
+    }
+}
+
+#[test]
+fn class_facts_come_from_the_drivers_slices() {
+    let device = |name: &str, product: &str, memory: &str| {
+        json!({"name": name, "attributes": {"productName": {"string": product}, "type": {"string": "hami-gpu"}},
+               "capacity": {"memory": {"value": memory}, "cores": {"value": "100"}}})
+    };
+    let slice = |driver: &str, pool: &str, devices: Vec<serde_json::Value>| {
+        serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceSlice>(json!({
+            "metadata": {"name": format!("{pool}-{driver}")},
+            "spec": {"driver": driver, "nodeName": pool, "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices}
+        }))
+        .unwrap()
+    };
+    let driver = "hami-core-gpu.project-hami.io";
+    let slices = [
+        slice(driver, "node-a", vec![device("hami-gpu-0", "Tesla T4", "15Gi"), device("hami-gpu-1", "Tesla T4", "15Gi")]),
+        slice(driver, "node-b", vec![device("hami-gpu-0", "NVIDIA A100-SXM4-80GB", "80Gi")]),
+        slice(
+            driver,
+            "node-b",
+            vec![device("hami-gpu-1", "NVIDIA A100-SXM4-80GB", "80Gi"), device("hami-gpu-2", "NVIDIA A100-SXM4-80GB", "80Gi")],
+        ),
+        slice("gpu.nvidia.com", "node-c", (0..8).map(|i| device(&format!("gpu-{i}"), "H100", "80Gi")).collect()),
+    ];
+    let facts = ClassFacts::from_slices(&slices, driver);
+    assert_eq!(facts, mixed_facts_with(3));
+    assert_eq!(facts.largest_memory(), Some(A100_BYTES));
+}
+
+fn mixed_facts_with(max_cards_per_node: u32) -> ClassFacts {
+    ClassFacts { max_cards_per_node, ..mixed_facts() }
+}
