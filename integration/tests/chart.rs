@@ -30,14 +30,21 @@ fn refused(result: anyhow::Result<String>, wants: &[&str]) {
     }
 }
 
+/// The image every install names: the one the user built and pushed.
+const IMAGE: &str = "image.repository=registry.example.com/vgpu-dra";
+
 #[test]
 fn chart_lints_and_refuses_bad_values() {
     let plane = ControlPlane::start().expect("control plane");
     let chart = chart_dir();
     let chart = chart.to_str().unwrap();
     let all = format!("{chart}/ci/all-values.yaml");
-    helm(&plane, &["lint", "--strict", chart]).unwrap();
+    // No image is published, so every install names one (README); without it the install fails
+    // with a message that says what to do.
+    helm(&plane, &["lint", "--strict", chart, "--set", IMAGE]).unwrap();
     helm(&plane, &["lint", "--strict", chart, "-f", &all]).unwrap();
+    let err = helm(&plane, &["template", "x", chart]).expect_err("an install without an image");
+    assert!(format!("{err:#}").contains("image.repository is empty: build the image"), "{err:#}");
     // A wrong value fails at install time with the value's path in the message.
     for (set, wants) in [
         ("deviceSplitCount=0", "/deviceSplitCount"),
@@ -48,11 +55,11 @@ fn chart_lints_and_refuses_bad_values() {
         ("hamiCore.hostPath=relative/dir", "/hamiCore/hostPath"),
         ("devicesplitcount=4", "devicesplitcount"),
     ] {
-        let err = helm(&plane, &["template", "x", chart, "--set", set]).expect_err(set);
+        let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", set]).expect_err(set);
         assert!(format!("{err:#}").contains(wants), "--set {set}: {err:#}");
     }
     // dra.enabled=false installs nothing (HAMi's device-plugin mode is not ours to run).
-    let off = helm(&plane, &["template", "x", chart, "--set", "dra.enabled=false"]).unwrap();
+    let off = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "dra.enabled=false"]).unwrap();
     assert!(!off.contains("kind:"), "{off}");
 }
 
@@ -84,7 +91,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
     // The defaults, the way the issue and the docs install it.
     kubectl.run(&["create", "namespace", NS])?;
-    let rendered = helm(plane, &["template", "vgpu-dra", chart, "-n", NS])?;
+    let rendered = helm(plane, &["template", "vgpu-dra", chart, "-n", NS, "--set", IMAGE])?;
     kubectl.apply(&rendered)?;
     let class = kubectl.get_json(&["deviceclass", DRIVER])?;
     anyhow::ensure!(class["spec"]["selectors"][0]["cel"]["expression"].as_str().is_some_and(|e| e.contains("hami-gpu")));

@@ -130,10 +130,20 @@ impl Docs {
                 let chart = chart_dir();
                 let rendered = common::chart::helm(
                     &self.plane,
-                    &["template", "docs-values", chart.to_str().unwrap(), "-n", "vgpu-dra", "-f"]
-                        .into_iter()
-                        .chain([values.to_str().unwrap()])
-                        .collect::<Vec<_>>(),
+                    // Every install names the image the user built (README); values files need not.
+                    &[
+                        "template",
+                        "docs-values",
+                        chart.to_str().unwrap(),
+                        "-n",
+                        "vgpu-dra",
+                        "--set",
+                        "image.repository=registry.example.com/vgpu-dra",
+                        "-f",
+                    ]
+                    .into_iter()
+                    .chain([values.to_str().unwrap()])
+                    .collect::<Vec<_>>(),
                 );
                 let rendered = rendered.unwrap_or_else(|e| panic!("{}: {e:#}", block.at()));
                 let checked = self.plane.kubectl().run_with_input(
