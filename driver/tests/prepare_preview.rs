@@ -77,3 +77,21 @@ fn a_share_the_node_would_refuse_is_refused_with_the_daemons_reason() {
     assert_eq!(code, 2);
     assert!(stderr.contains("object name \"c1/status\" is invalid"), "{stderr}");
 }
+
+/// HAMi's task priority and core policy, carried by the webhook as this driver's opaque claim
+/// configuration, reach the container as the variables HAMi-core reads.
+#[test]
+fn the_claims_hami_core_settings_reach_the_spec() {
+    let with_config = CLAIM.replace(
+        "    devices:\n      results:",
+        "    devices:\n      config:\n      - source: FromClaim\n        opaque: {driver: hami-core-gpu.project-hami.io, parameters: {apiVersion: hami-core-gpu.project-hami.io/v1alpha1, kind: HamiCoreConfig, taskPriority: 1, coreUtilizationPolicy: force}}\n      results:",
+    );
+    let (code, stdout, stderr) = preview(&with_config, "n1");
+    assert_eq!(code, 0, "{stderr}");
+    let spec: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let env: Vec<&str> = spec["containerEdits"]["env"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    assert!(env.contains(&"CUDA_TASK_PRIORITY=1") && env.contains(&"GPU_CORE_UTILIZATION_POLICY=force"), "{env:?}");
+    let (code, _, stderr) = preview(&with_config.replace("kind: HamiCoreConfig", "kind: Other"), "n1");
+    assert_eq!(code, 2);
+    assert!(stderr.contains("opaque configuration for this driver"), "{stderr}");
+}

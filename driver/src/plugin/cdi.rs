@@ -107,6 +107,7 @@ pub fn build_spec(
     claim: &ClaimRef,
     devices: &[ClaimDevice],
     published: &[PublishedDevice],
+    claim_env: &[(String, String)],
 ) -> Result<Spec, BuildError> {
     let mut shares = Vec::new();
     let mut cdi_devices: Vec<Device> = Vec::new();
@@ -130,7 +131,12 @@ pub fn build_spec(
         });
     }
     let dir = claim_dir(options, claim);
-    let env = container_env(&shares, &dir.display().to_string(), &options.limits)?;
+    let mut env = container_env(&shares, &dir.display().to_string(), &options.limits)?;
+    // The claim's own HAMi-core settings win over the node's defaults for the same variable.
+    for (key, value) in claim_env {
+        env.retain(|(k, _)| k != key);
+        env.push((key.clone(), value.clone()));
+    }
     let mut spec = Spec::new(&options.kind, cdi_devices)?;
     spec.annotations.insert(ANNOTATION_CLAIM.into(), claim.key());
     let shared_nodes = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];

@@ -179,6 +179,14 @@ pub enum ClaimError {
         /// The requests it names.
         requests: Vec<String>,
     },
+    /// The driver's opaque configuration is not one this version understands.
+    #[error("claim {claim}: opaque configuration for this driver: {reason}")]
+    BadConfig {
+        /// The claim.
+        claim: String,
+        /// Why.
+        reason: String,
+    },
     /// A result names an invalid share ID.
     #[error("claim {claim}: shareID {value:?} is invalid")]
     BadShareId {
@@ -286,6 +294,37 @@ pub fn devices_of(
         out.push(ClaimDevice { request: r.request.clone(), device: dev.name.clone(), share_id, consumption });
     }
     Ok(out)
+}
+
+/// The HAMi-core settings of a claim's allocation that are not capacities (HAMi's task priority
+/// and core utilization policy, written by the compatibility webhook as opaque configuration of
+/// this driver), as environment for the claim's spec. Class entries come first and claim
+/// entries after them, so a claim's own setting wins, as DRA orders configuration.
+///
+/// # Errors
+/// [`ClaimError::BadConfig`] when an entry for this driver is not a configuration this version
+/// understands: preparing without it would drop a setting the user asked for.
+pub fn claim_env(claim: &ResourceClaim, driver: &DriverName, label: &str) -> Result<Vec<(String, String)>, ClaimError> {
+    let configs = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_ref())
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let ordered = configs.iter().filter(|c| c.source == "FromClass").chain(configs.iter().filter(|c| c.source != "FromClass"));
+    let mut env: Vec<(String, String)> = Vec::new();
+    for c in ordered {
+        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == driver.as_str()) else { continue };
+        let parsed = vgpu_scheduling::compat::HamiCoreConfig::from_parameters(&opaque.parameters.0)
+            .map_err(|e| ClaimError::BadConfig { claim: label.to_owned(), reason: e.to_string() })?;
+        for (key, value) in parsed.env() {
+            env.retain(|(k, _)| k != key);
+            env.push((key.to_owned(), value));
+        }
+    }
+    Ok(env)
 }
 
 /// The pod a claim is reserved for (`reservedFor` of core `pods`), by name and UID.
@@ -403,6 +442,40 @@ mod tests {
         let devices = check(&two_requests).unwrap();
         let uid = Uid::new(UID).unwrap();
         assert_ne!(devices[0].key(&uid), devices[1].key(&uid));
+    }
+
+    #[test]
+    fn hami_core_settings_come_from_the_drivers_opaque_config_claim_over_class() {
+        let config = |entries: &str| {
+            let yaml = format!(
+                "metadata: {{name: c, namespace: ns, uid: {UID}}}\nspec: {{}}\nstatus:\n  allocation:\n    devices:\n      results: []\n      config:\n{entries}"
+            );
+            let c: ResourceClaim = serde_saphyr::from_str(&yaml).unwrap();
+            claim_env(&c, &SharingConfig::default().driver_name, "ns/c")
+        };
+        let entry = |source: &str, driver: &str, params: &str| {
+            format!("      - source: {source}\n        opaque: {{driver: {driver}, parameters: {params}}}\n")
+        };
+        let ours = "hami-core-gpu.project-hami.io";
+        let params = |priority: i64, policy: &str| {
+            format!(
+                "{{apiVersion: hami-core-gpu.project-hami.io/v1alpha1, kind: HamiCoreConfig, taskPriority: {priority}, coreUtilizationPolicy: {policy}}}"
+            )
+        };
+        let env = config(&format!(
+            "{}{}",
+            entry("FromClaim", ours, &params(1, "force")),
+            entry("FromClass", ours, &params(0, "disable"))
+        ))
+        .unwrap();
+        assert_eq!(
+            env,
+            [("CUDA_TASK_PRIORITY".to_owned(), "1".to_owned()), ("GPU_CORE_UTILIZATION_POLICY".to_owned(), "force".to_owned())]
+        );
+        // Another driver's configuration is not ours to read; ours in an unknown shape is refused.
+        assert!(config(&entry("FromClaim", "gpu.nvidia.com", "{kind: Other}")).unwrap().is_empty());
+        let err = config(&entry("FromClaim", ours, "{apiVersion: x/v1, kind: Other}")).unwrap_err();
+        assert!(matches!(err, ClaimError::BadConfig { .. }), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use vgpu_scheduling::{DeviceName, Ledger, ObjectName, PublishedDevice, SharingCo
 
 use super::cdi::{BuildError, CdiOptions, build_spec, cdi_device_names, claim_dir};
 use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
-use super::claim::{ClaimDevice, ClaimError, ClaimRef, consumer, devices_of};
+use super::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use super::containers::{top_level_requests, uses_of};
 use super::host::{CLAIM_DIR_MODE, HostError, ensure_dir};
 use super::source::{ClaimSource, SourceError};
@@ -268,8 +268,9 @@ impl State {
         let object = self.claims.claim(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
         let published = self.published()?;
         let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
+        let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
         self.check_containers(claim, &object, &devices).await?;
-        let entry = self.commit(claim, devices, &published).await?;
+        let entry = self.commit(claim, devices, &env, &published).await?;
         Ok(self.answer(entry).await)
     }
 
@@ -278,6 +279,7 @@ impl State {
         &self,
         claim: &ClaimRef,
         devices: Vec<ClaimDevice>,
+        env: &[(String, String)],
         published: &[PublishedDevice],
     ) -> Result<PreparedClaim, PrepareError> {
         let mut inner = self.inner.lock().await;
@@ -285,7 +287,7 @@ impl State {
         if let Some(entry) = prepared.get(&claim.uid) {
             return Ok(entry.clone());
         }
-        let spec = build_spec(cdi, claim, &devices, published)
+        let spec = build_spec(cdi, claim, &devices, published, env)
             .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
         ledger.set_capacity(capacities(published));
         // A claim held whole since start-up is being prepared with its real shares now.
