@@ -219,8 +219,12 @@ fn fractional_gpu_hint(e: CompatError, settings: &CompatSettings) -> CompatError
     }
 }
 
-/// Memory in bytes: a plain number is MiB times the memory factor (HAMi's unit), a quantity with
-/// a unit suffix is bytes as written. Checked against the largest card when that is known.
+/// Memory in bytes: a number is MiB times the memory factor (HAMi's unit), a quantity with a
+/// binary suffix (`16Gi`) is bytes as written. Checked against the largest card when known.
+///
+/// A decimal suffix (`2k`) or an exponent is still a number: the API server stores
+/// `volcano.sh/vgpu-memory: 2000` as `2k` before any webhook sees it, and HAMi reads the
+/// quantity's value as MiB whatever its form.
 fn memory_bytes(
     container: &str,
     resource: &str,
@@ -228,7 +232,7 @@ fn memory_bytes(
     settings: &CompatSettings,
     facts: &ClassFacts,
 ) -> Result<u64, CompatError> {
-    let plain = v.text.trim_start_matches(['+', '-']).bytes().all(|b| b.is_ascii_digit() || b == b'.' || b == b'e' || b == b'E');
+    let plain = !v.text.trim_end().ends_with('i');
     let out_of_range = |range: String| CompatError::OutOfRange {
         container: container.into(),
         resource: resource.into(),

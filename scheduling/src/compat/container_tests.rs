@@ -81,6 +81,16 @@ fn configured_defaults_and_factor_apply() {
     // defaultGPUNum when no count; the factor multiplies plain numbers only.
     assert_eq!(get(&[(MEM, "1024")]), req(3, MemoryRequest::Bytes(2048 * MIB), 20));
     assert_eq!(get(&[(GPU, "1"), (MEM, "1Gi")]), req(1, MemoryRequest::Bytes(1 << 30), 20));
+    // The API server stores 2000 as "2k" and 3000 as "3e3"-like canonical forms: still MiB.
+    let no_factor = CompatSettings { memory_factor: 1, ..s.clone() };
+    let plain = |limits: &[(&str, &str)]| match ask_with(limits, &no_factor, &ClassFacts { max_cards_per_node: 4, ..f.clone() }).0
+    {
+        Ok(Ask::Cards(r)) => r.memory,
+        other => panic!("{other:?}"),
+    };
+    for (written, mib) in [("2k", 2000), ("2000", 2000), ("3e3", 3000), ("4500", 4500)] {
+        assert_eq!(plain(&[(GPU, "1"), (MEM, written)]), MemoryRequest::Bytes(mib * MIB), "{written}");
+    }
     // defaultMemory when no memory; HAMi still makes the card exclusive then.
     assert_eq!(get(&[(GPU, "1")]), req(1, MemoryRequest::Bytes(2048 * MIB), 100));
     assert_eq!(get(&[(GPU, "1"), (PCT, "30")]), req(1, MemoryRequest::Percent(30), 20));
@@ -157,7 +167,7 @@ fn bad_input_is_denied_naming_container_and_resource() {
             "nvidia.com/gpumem: 16107175936 bytes is more than the largest card of the class has (16106127360 bytes)",
         ),
         (&[(MEM, "16Gi")], "memory_too_large", "nvidia.com/gpumem: 17179869184 bytes is more"),
-        (&[(MEM, "4k")], "memory_too_small", "nvidia.com/gpumem: 4k is less than 1Mi"),
+        (&[(MEM, "512Ki")], "memory_too_small", "nvidia.com/gpumem: 512Ki is less than 1Mi"),
         (&[(MEM, "4096.5")], "not_whole", "nvidia.com/gpumem: 4096.5 is not a whole number"),
         (&[(MEM, "-1Gi")], "out_of_range", "nvidia.com/gpumem: -1Gi is out of range"),
         (&[(GPU, "1"), (PRIO, "-1")], "out_of_range", "nvidia.com/priority: -1 is out of range"),

@@ -7,7 +7,8 @@
 //! `CheckType`/`CheckUUID`), not HAMi-DRA's webhook:
 //! - a container's count is N **distinct** cards (`distinctAttribute` on `<driver>/uuid`);
 //! - memory, cores or a percentage without a count ask for `defaultGPUNum` cards;
-//! - plain memory numbers are MiB (times the memory factor), suffixed quantities are bytes;
+//! - memory numbers are MiB (times the memory factor), decimal forms such as `2k` included (the
+//!   API server stores 2000 as `2k`); binary-suffixed quantities (`16Gi`) are bytes;
 //! - no memory is `defaultMemory`, 0 being the whole card (no memory request: the device's
 //!   request policy defaults to the whole card);
 //! - no cores is `defaultCores`, or 100 (an exclusive card) when the memory is the whole card;
