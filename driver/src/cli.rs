@@ -32,6 +32,8 @@ pub enum Command {
     KubeletPlugin(KubeletPluginArgs),
     /// Print the CDI spec an allocated ResourceClaim (YAML or JSON file) would get on this node.
     PreparePreview(PreparePreviewArgs),
+    /// Serve the admission webhook that converts pods written for HAMi into DRA claims.
+    Webhook(vgpu_dra_webhook::WebhookArgs),
 }
 
 /// Arguments of `vgpu-dra prepare-preview`.

@@ -13,6 +13,7 @@ fn main() -> ExitCode {
         Command::Inventory(args) => inventory(args, &mut std::io::stdout().lock()),
         Command::KubeletPlugin(args) => daemon::run(args),
         Command::PreparePreview(args) => prepare_preview(args, &mut std::io::stdout().lock()),
+        Command::Webhook(args) => vgpu_dra_webhook::run(args).map_err(anyhow::Error::from),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,298 @@
+//! The HAMi compatibility webhook on the test bed: the real API server calls `vgpu-dra webhook`
+//! over TLS; a pod written for HAMi (source document 003, section 3.1) is converted into a claim
+//! template, the resource claim controller makes its claim, the real scheduler allocates it and
+//! the node driver prepares it with HAMi-core's limits. Bad pods are denied with nothing created,
+//! pods without GPUs never reach the webhook, and a deleted pod takes its claim with it.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, driver_binary, eventually, free_port};
+
+mod common;
+
+use common::{Dirs, NODE, cdi_check, claim_response, driver, kubelet};
+
+/// The webhook's own namespace (its Secret lives there; it is never sent to the webhook).
+const WEBHOOK_NAMESPACE: &str = "vgpu-dra";
+
+/// The pod of source document 003 section 3.1, unchanged.
+const SMOKE_POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: hami-compatible-smoke
+spec:
+  restartPolicy: Never
+  containers:
+  - name: cuda
+    image: nvcr.io/nvidia/cuda:12.6.0-base-ubuntu24.04
+    command: ["bash", "-c", "nvidia-smi && sleep 3600"]
+    resources:
+      limits:
+        nvidia.com/gpu: 1
+        nvidia.com/gpumem: 4096
+        nvidia.com/gpucores: 50
+"#;
+
+fn pod_yaml(name: &str, limits: &str, privileged: bool) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  containers:\n  - name: cuda\n    image: registry.invalid/none\n    securityContext: {{privileged: {privileged}}}\n    resources:\n      limits: {{{limits}}}\n"
+    )
+}
+
+const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: hami-core-gpu.project-hami.io}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "hami-core-gpu.project-hami.io"
+"#;
+
+/// A webhook replica listening on `listen`, registering the URL on port `url_port` (the replicas
+/// of one Service all register the same one).
+fn start_webhook(plane: &ControlPlane, name: &str, listen: u16, url_port: u16, metrics: u16) -> anyhow::Result<ManagedProcess> {
+    start_webhook_with(plane, name, listen, url_port, metrics, &[])
+}
+
+fn start_webhook_with(
+    plane: &ControlPlane,
+    name: &str,
+    listen: u16,
+    url_port: u16,
+    metrics: u16,
+    extra: &[String],
+) -> anyhow::Result<ManagedProcess> {
+    let mut args: Vec<String> = [
+        "webhook".to_owned(),
+        format!("--url=https://127.0.0.1:{url_port}/mutate-pods"),
+        format!("--listen=127.0.0.1:{listen}"),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--namespace={WEBHOOK_NAMESPACE}"),
+        format!("--metrics-address=127.0.0.1:{metrics}"),
+    ]
+    .into();
+    args.extend(extra.iter().cloned());
+    ManagedProcess::spawn(name, driver_binary()?, &args, plane.dir())
+}
+
+#[test]
+fn hami_pods_run_unchanged_through_the_webhook() {
+    let mut plane = ControlPlane::start().expect("control plane");
+    if let Err(e) = scenario(&mut plane) {
+        panic!("{e:#}");
+    }
+}
+
+/// The body of `GET /metrics` on `port`.
+fn metrics(port: u16) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
+
+fn templates(plane: &ControlPlane) -> anyhow::Result<usize> {
+    let list = plane.kubectl().get_json(&["resourceclaimtemplates", "-n", "default"])?;
+    Ok(list["items"].as_array().map_or(0, Vec::len))
+}
+
+/// The claims in `default` owned by pod `name`.
+fn claims_of(plane: &ControlPlane, name: &str) -> anyhow::Result<Vec<Value>> {
+    let list = plane.kubectl().get_json(&["resourceclaims", "-n", "default"])?;
+    Ok(list["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| {
+            c["metadata"]["ownerReferences"].as_array().is_some_and(|o| o.iter().any(|r| r["kind"] == "Pod" && r["name"] == name))
+        })
+        .collect())
+}
+
+fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
+    plane.create_node(NODE)?;
+    let kubectl = plane.kubectl().clone();
+    kubectl.apply(DEVICE_CLASS)?;
+    kubectl.run(&["create", "namespace", WEBHOOK_NAMESPACE])?;
+    let dirs = Dirs::new(plane.dir());
+    let mut drv = driver(plane, &dirs, "driver");
+    let mut kubelet = kubelet(&dirs);
+    eventually("the node's slices", Duration::from_secs(30), || {
+        let list = kubectl.get_json(&["resourceslices"])?;
+        Ok(list["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
+    })?;
+
+    // Two replicas starting together race to create the certificate Secret.
+    let (port, metrics_port) = (free_port()?, free_port()?);
+    let mut webhook = start_webhook(plane, "webhook", port, port, metrics_port)?;
+    let mut replica = start_webhook(plane, "webhook-replica", free_port()?, port, free_port()?)?;
+    // The API server picks the registration up a moment after it is made: a server-side dry run
+    // of the pod shows when it calls the webhook (and, dry, creates no template).
+    let dry = eventually("the API server calling the webhook", Duration::from_secs(60), || {
+        webhook.check_running()?;
+        let out =
+            kubectl.run_with_input(&["create", "--dry-run=server", "-n", "default", "-o", "json", "-f", "-"], Some(SMOKE_POD))?;
+        let pod: Value = serde_json::from_str(&out)?;
+        Ok(pod["spec"]["resourceClaims"].is_array().then_some(pod))
+    })?;
+    assert_eq!(templates(plane)?, 0, "a dry run created a template: {dry}");
+    let config = kubectl.get_json(&["mutatingwebhookconfiguration", "vgpu-dra-webhook"])?;
+    assert_eq!(config["webhooks"][0]["failurePolicy"], "Fail");
+    let secret = kubectl.get_json(&["secret", "vgpu-dra-webhook-tls", "-n", WEBHOOK_NAMESPACE])?;
+    assert_eq!(config["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]["ca.crt"], "one CA for both replicas");
+    eventually("the replica registered", Duration::from_secs(30), || {
+        replica.check_running()?;
+        Ok(std::fs::read_to_string(replica.log())?.contains("admission webhook serving").then_some(()))
+    })?;
+    let again = kubectl.get_json(&["mutatingwebhookconfiguration", "vgpu-dra-webhook"])?;
+    assert_eq!(again["webhooks"][0]["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    replica.stop();
+
+    // 1. The pod of 003 section 3.1, applied unchanged.
+    kubectl.run_with_input(&["apply", "-n", "default", "-f", "-"], Some(SMOKE_POD))?;
+    let pod = kubectl.get_json(&["pod", "hami-compatible-smoke", "-n", "default"])?;
+    let template = pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap_or_default().to_owned();
+    assert!(template.starts_with(vgpu_scheduling::compat::TEMPLATE_PREFIX), "{pod:#}");
+    let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
+    assert!(limits.get("nvidia.com/gpu").is_none() && limits.get("nvidia.com/gpumem").is_none(), "{pod:#}");
+    assert_eq!(pod["spec"]["containers"][0]["resources"]["claims"][0]["name"], pod["spec"]["resourceClaims"][0]["name"]);
+    kubectl.get_json(&["resourceclaimtemplate", &template, "-n", "default"])?;
+
+    let claim = eventually("the pod's claim", Duration::from_secs(30), || Ok(claims_of(plane, "hami-compatible-smoke")?.pop()))?;
+    let claim_name = claim["metadata"]["name"].as_str().unwrap().to_owned();
+    let requests = &claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"];
+    assert_eq!(requests["cores"], "50", "{claim:#}");
+    assert_eq!(requests["memory"], "4294967296", "{claim:#}");
+    let result = plane.wait_allocated("default", &claim_name, Duration::from_secs(30))?;
+    assert_eq!(result["consumedCapacity"]["cores"], "50", "{result}");
+    assert!(matches!(result["consumedCapacity"]["memory"].as_str(), Some("4Gi" | "4294967296")), "{result}");
+    let uid = kubectl.run(&["get", "resourceclaim", &claim_name, "-n", "default", "-o", "jsonpath={.metadata.uid}"])?;
+    let reply = kubelet.prepare(&[("default", &claim_name, &uid)])?;
+    let r = claim_response(&reply, &uid);
+    anyhow::ensure!(r.get("error").is_none_or(|e| e.as_str() == Some("")), "prepare failed: {reply}");
+    let id = r["devices"][0]["cdi_device_ids"][0].as_str().unwrap().to_owned();
+    let report = cdi_check(&dirs.cdi, &[&id]);
+    let env: Vec<&str> = report["env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    for want in ["CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT=50"] {
+        assert!(env.contains(&want), "{want} missing from {env:?}");
+    }
+
+    // 2. Bad pods are denied by container and resource, with nothing created.
+    for (name, limits, privileged, want) in [
+        ("too-much", "nvidia.com/gpumem-percentage: 150", false, "container \"cuda\": nvidia.com/gpumem-percentage: 150"),
+        ("privileged", "nvidia.com/gpu: 1", true, "container \"cuda\" is privileged and asks for nvidia.com/gpu"),
+    ] {
+        let err = kubectl.apply(&pod_yaml(name, limits, privileged)).expect_err(name).to_string();
+        assert!(err.contains("denied the request") && err.contains(want), "{err}");
+        assert!(kubectl.run(&["get", "pod", name, "-n", "default", "-o", "name"]).is_err());
+    }
+    assert_eq!(templates(plane)?, 1);
+    let text = metrics(metrics_port)?;
+    for want in [
+        // The dry-run probe and the pod (the probe converts once: it stops at the first success).
+        "vgpu_dra_webhook_admissions_total{outcome=\"converted\"} 2",
+        "vgpu_dra_webhook_denials_total{reason=\"privileged\"} 1",
+        "vgpu_dra_webhook_denials_total{reason=\"out_of_range\"} 1",
+    ] {
+        assert!(text.contains(want), "{want} missing from {text}");
+    }
+
+    // 4. Deleting the pod deletes its claim (the claim controller owns it to the pod).
+    kubelet.unprepare(&[("default", &claim_name, &uid)])?;
+    kubectl.run(&["delete", "pod", "hami-compatible-smoke", "-n", "default", "--grace-period=0", "--force"])?;
+    eventually("the claim deleted with its pod", Duration::from_secs(60), || {
+        Ok(kubectl.run(&["get", "resourceclaim", &claim_name, "-n", "default", "-o", "name"]).is_err().then_some(()))
+    })?;
+
+    // 3. With the webhook stopped, pods without GPUs are admitted (matchConditions keep them
+    // away); a HAMi pod is refused rather than let through unconverted.
+    webhook.stop();
+    kubectl.apply(&pod_yaml("plain", "cpu: 100m", false))?;
+    let err = kubectl.apply(&pod_yaml("gpu-while-down", "nvidia.com/gpu: 1", false)).expect_err("webhook down").to_string();
+    assert!(err.contains("failed calling webhook"), "{err}");
+    drv.check_running()?;
+    Ok(())
+}
+
+/// The single pod of source document 000, unchanged (Volcano's resource names; Volcano's own
+/// scheduler would place it, so here it is only converted, not scheduled).
+const VOLCANO_SINGLE: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: volcano-vgpu-single
+  namespace: volcano-demo
+spec:
+  schedulerName: volcano
+  restartPolicy: Never
+  containers:
+  - name: cuda
+    image: nvidia/cuda:11.0.3-base-ubuntu18.04
+    imagePullPolicy: IfNotPresent
+    command:
+    - bash
+    - -lc
+    - |
+      env | grep -E 'CUDA_DEVICE|NVIDIA_VISIBLE_DEVICES|VGPU|VOLCANO' || true
+      nvidia-smi
+      sleep 3600
+    resources:
+      limits:
+        volcano.sh/vgpu-number: 1
+        volcano.sh/vgpu-memory: 2000
+        volcano.sh/vgpu-cores: 30
+"#;
+
+/// Source document 001's device configuration, unchanged, makes the webhook convert Volcano's
+/// `volcano.sh/vgpu-*` resources with HAMi's meaning; pods of one shape share one template.
+#[test]
+fn volcano_pods_convert_with_the_volcano_device_config() {
+    let plane = ControlPlane::start().expect("control plane");
+    let kubectl = plane.kubectl().clone();
+    plane.create_node(NODE).unwrap();
+    kubectl.apply(DEVICE_CLASS).unwrap();
+    for ns in [WEBHOOK_NAMESPACE, "volcano-demo"] {
+        kubectl.run(&["create", "namespace", ns]).unwrap();
+    }
+    let dirs = Dirs::new(plane.dir());
+    let _drv = driver(&plane, &dirs, "driver");
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduling/testdata/volcano-device-config.yaml");
+    let port = free_port().unwrap();
+    let mut webhook =
+        start_webhook_with(&plane, "webhook", port, port, free_port().unwrap(), &[format!("--config={}", config.display())])
+            .unwrap();
+    eventually("the API server calling the webhook", Duration::from_secs(60), || {
+        webhook.check_running()?;
+        let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(VOLCANO_SINGLE))?;
+        let pod: Value = serde_json::from_str(&out)?;
+        Ok(pod["spec"]["resourceClaims"].is_array().then_some(()))
+    })
+    .unwrap();
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(VOLCANO_SINGLE)).unwrap();
+    let pod = kubectl.get_json(&["pod", "volcano-vgpu-single", "-n", "volcano-demo"]).unwrap();
+    let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
+    assert!(limits.get("volcano.sh/vgpu-memory").is_none(), "{pod:#}");
+    let claim = eventually("the pod's claim", Duration::from_secs(30), || {
+        let list = kubectl.get_json(&["resourceclaims", "-n", "volcano-demo"])?;
+        Ok(list["items"].get(0).cloned())
+    })
+    .unwrap();
+    let requests = &claim["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"];
+    // 2000 MiB (gpuMemoryFactor 1) and 30 % of the card's cores, as HAMi-core gets them in 000.
+    // The API server stores the bytes in its canonical form (`2097152k`): compare amounts.
+    let memory = vgpu_scheduling::Quantity::parse(requests["memory"].as_str().unwrap()).unwrap();
+    assert_eq!(memory.as_u64_exact(), Some(2000u64 << 20), "{claim:#}");
+    assert_eq!(requests["cores"], "30", "{claim:#}");
+    // 50 pods of one shape: one template.
+    let many: String = (0..50)
+        .map(|i| VOLCANO_SINGLE.replace("name: volcano-vgpu-single", &format!("name: same-shape-{i}")) + "---\n")
+        .collect();
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(&many)).unwrap();
+    let list = kubectl.get_json(&["resourceclaimtemplates", "-n", "volcano-demo"]).unwrap();
+    assert_eq!(list["items"].as_array().map_or(0, Vec::len), 1, "{list:#}");
+}

@@ -1,0 +1,32 @@
+//! The admission webhook of vgpu-dra's HAMi compatibility path, served as `vgpu-dra webhook`.
+//!
+//! Pods written for HAMi's device plugin (`nvidia.com/gpu`, `gpumem`, `gpucores`, ...) reach this
+//! webhook through the API server; [`vgpu_scheduling::compat`] converts them into DRA claims on a
+//! content-hashed ResourceClaimTemplate, which this crate creates before answering with the JSON
+//! patch. The resource claim controller then makes one claim per pod, owned by the pod.
+//!
+//! What it does: AdmissionReview in and out ([`review`]), the cluster side of an admission
+//! ([`admit`]), its own CA and serving certificate kept in a Secret ([`tls`]), the
+//! MutatingWebhookConfiguration with `matchConditions` so only such pods are sent
+//! ([`registration`]), HTTPS serving ([`server`]) and metrics ([`metrics`]).
+//! What it does not do: the conversion rules (they live in the scheduling crate, shared with the
+//! node daemon), and certificate rotation (the certificate is valid until 4096).
+
+pub mod admit;
+pub mod args;
+pub mod metrics;
+pub mod registration;
+pub mod review;
+mod run;
+pub mod server;
+pub mod tls;
+
+pub use args::WebhookArgs;
+pub use run::{RunError, run};
+
+/// Installs ring as rustls' process-wide provider (once; later calls are no-ops), as the driver
+/// does: kube's client and the serving TLS config both build on the default provider.
+pub fn install_crypto_provider() {
+    // Err means a provider is installed already, which is all we need.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

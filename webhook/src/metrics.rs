@@ -1,0 +1,112 @@
+//! Admission metrics: `vgpu_dra_webhook_admissions_total{outcome}`,
+//! `vgpu_dra_webhook_denials_total{reason}` and `vgpu_dra_webhook_admission_duration_seconds{outcome}`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// How an admission ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The pod was converted.
+    Converted,
+    /// The pod needed no conversion.
+    Unchanged,
+    /// The pod was denied by the conversion rules.
+    Denied,
+    /// The cluster could not be asked or written (templates, slices): the pod was refused.
+    Error,
+    /// The review could not be read.
+    Invalid,
+}
+
+impl Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Converted => "converted",
+            Self::Unchanged => "unchanged",
+            Self::Denied => "denied",
+            Self::Error => "error",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// The webhook's metrics; cheap to clone (shared counters).
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    admissions: Family<OutcomeLabels, Counter>,
+    denials: Family<ReasonLabels, Counter>,
+    duration: Family<OutcomeLabels, Histogram>,
+}
+
+impl Metrics {
+    /// Metrics registered in `registry` under the `vgpu_dra_webhook` prefix.
+    pub fn new(registry: &mut Registry) -> Self {
+        let this = Self::unregistered();
+        let sub = registry.sub_registry_with_prefix("vgpu_dra_webhook");
+        sub.register("admissions", "Pod admissions by outcome", this.admissions.clone());
+        sub.register("denials", "Pods denied by the HAMi conversion rules, by reason", this.denials.clone());
+        sub.register("admission_duration_seconds", "Time to answer an admission review", this.duration.clone());
+        this
+    }
+
+    /// Metrics counted but exposed nowhere (tests).
+    pub fn unregistered() -> Self {
+        Self {
+            admissions: Family::default(),
+            denials: Family::default(),
+            // 1 ms .. ~4 s: a review lists slices and creates templates, bounded by API timeouts.
+            duration: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 13))),
+        }
+    }
+
+    /// Counts one admission.
+    pub fn observe(&self, outcome: Outcome, seconds: f64) {
+        let labels = OutcomeLabels { outcome: outcome.label() };
+        self.admissions.get_or_create(&labels).inc();
+        self.duration.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts one denial by its reason (`CompatError::reason`).
+    pub fn denied(&self, reason: &'static str) {
+        self.denials.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Admissions counted with `outcome` (tests and diagnostics).
+    pub fn admissions(&self, outcome: Outcome) -> u64 {
+        self.admissions.get_or_create(&OutcomeLabels { outcome: outcome.label() }).get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn counters_are_exposed_under_the_prefix() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        metrics.observe(Outcome::Denied, 0.002);
+        metrics.denied("privileged");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("vgpu_dra_webhook_admissions_total{outcome=\"denied\"} 1"), "{text}");
+        assert!(text.contains("vgpu_dra_webhook_denials_total{reason=\"privileged\"} 1"), "{text}");
+        assert!(text.contains("vgpu_dra_webhook_admission_duration_seconds_count{outcome=\"denied\"} 1"), "{text}");
+    }
+}

@@ -1,0 +1,273 @@
+//! `vgpu-dra webhook`: configuration without side effects, then bind, certificate, registration,
+//! serve until SIGTERM/SIGINT, drain.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use vgpu_scheduling::compat::pod_match_condition;
+use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
+use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
+
+use crate::admit::{Admitter, KubeCluster};
+use crate::metrics::Metrics;
+use crate::registration::{Endpoint, Registration, RegistrationError};
+use crate::tls::{self, TlsError};
+use crate::{WebhookArgs, server};
+
+/// Bound on every API call at startup and per admission.
+const API_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long listed ResourceSlices are reused.
+const SLICE_CACHE: Duration = Duration::from_secs(10);
+
+/// Why the webhook could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// `RUST_LOG` does not parse.
+    #[error("RUST_LOG={0:?} is not a valid filter")]
+    LogFilter(String, #[source] tracing_subscriber::filter::ParseError),
+    /// The device configuration file cannot be read.
+    #[error("reading {path}")]
+    ReadConfig {
+        /// The file.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device configuration file is invalid.
+    #[error(transparent)]
+    Config(#[from] DeviceConfigError),
+    /// `--url` is not an https URL with a host.
+    #[error("--url {0:?} must be an https:// URL with a host")]
+    Url(String),
+    /// The kubeconfig cannot be read or used.
+    #[error("loading the kubeconfig")]
+    Kubeconfig(#[source] kube::config::KubeconfigError),
+    /// No client configuration could be inferred.
+    #[error("inferring the Kubernetes client configuration")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built.
+    #[error("building the Kubernetes client")]
+    Client(#[source] kube::Error),
+    /// The tokio runtime could not start.
+    #[error("starting the runtime")]
+    Runtime(#[source] std::io::Error),
+    /// A listen address could not be bound.
+    #[error("binding {0}")]
+    Bind(SocketAddr, #[source] std::io::Error),
+    /// The certificate could not be made, stored or loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The webhook could not be registered.
+    #[error(transparent)]
+    Registration(#[from] RegistrationError),
+    /// The metrics server failed.
+    #[error("serving metrics")]
+    Metrics(#[source] std::io::Error),
+}
+
+/// Runs the webhook until SIGTERM or SIGINT; a second signal exits at once.
+///
+/// # Errors
+/// [`RunError`] for bad flags or files, an unreachable API server at startup, or a port in use.
+pub fn run(args: &WebhookArgs) -> Result<(), RunError> {
+    crate::install_crypto_provider();
+    init_tracing()?;
+    let settings = settings(args)?;
+    let endpoint = endpoint(args)?;
+    // Files are read before the runtime starts: no blocking I/O on it.
+    let kubeconfig = match &args.kubeconfig {
+        Some(path) => Some(kube::config::Kubeconfig::read_from(path).map_err(RunError::Kubeconfig)?),
+        None => None,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(RunError::Runtime)?;
+    runtime.block_on(serve(args, settings, endpoint, kubeconfig))
+}
+
+fn init_tracing() -> Result<(), RunError> {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) => tracing_subscriber::EnvFilter::try_new(&spec).map_err(|e| RunError::LogFilter(spec, e))?,
+        Err(_) => tracing_subscriber::EnvFilter::new("info"),
+    };
+    // A second init (tests calling run twice) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
+    Ok(())
+}
+
+/// The conversion settings the flags and the device configuration file give.
+///
+/// # Errors
+/// [`RunError::ReadConfig`] or [`RunError::Config`] for the file.
+pub fn settings(args: &WebhookArgs) -> Result<CompatSettings, RunError> {
+    let mut settings = CompatSettings::hami();
+    let mut driver = None;
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path).map_err(|source| RunError::ReadConfig { path: path.clone(), source })?;
+        let config = DeviceConfig::parse(&path.display().to_string(), &text)?;
+        driver = config.driver_name.as_ref().map(|d| d.as_str().to_owned());
+        settings = settings.with_device_config(&config.compat);
+    }
+    settings.driver = args.driver_name.clone().or(driver).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
+    settings.device_class = args.device_class.clone().unwrap_or_else(|| settings.driver.clone());
+    Ok(settings)
+}
+
+fn endpoint(args: &WebhookArgs) -> Result<Endpoint, RunError> {
+    match (&args.url, &args.service_name) {
+        (Some(url), _) => {
+            let uri: http::Uri = url.parse().map_err(|_| RunError::Url(url.clone()))?;
+            if uri.scheme_str() != Some("https") || uri.host().is_none() {
+                return Err(RunError::Url(url.clone()));
+            }
+            Ok(Endpoint::Url(url.clone()))
+        }
+        (None, Some(name)) => Ok(Endpoint::Service { name: name.clone(), namespace: args.namespace.clone() }),
+        // clap requires one of them.
+        (None, None) => Err(RunError::Url(String::new())),
+    }
+}
+
+async fn client(kubeconfig: Option<kube::config::Kubeconfig>) -> Result<kube::Client, RunError> {
+    let config = match kubeconfig {
+        Some(k) => kube::Config::from_custom_kubeconfig(k, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(RunError::Kubeconfig)?,
+        None => kube::Config::infer().await.map_err(RunError::Infer)?,
+    };
+    kube::Client::try_from(config).map_err(RunError::Client)
+}
+
+async fn serve(
+    args: &WebhookArgs,
+    settings: CompatSettings,
+    endpoint: Endpoint,
+    kubeconfig: Option<kube::config::Kubeconfig>,
+) -> Result<(), RunError> {
+    let client = client(kubeconfig).await?;
+    let listener = TcpListener::bind(args.listen).await.map_err(|e| RunError::Bind(args.listen, e))?;
+    let metrics_listener = match args.metrics_address {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| RunError::Bind(addr, e))?),
+        None => None,
+    };
+
+    let names = match &endpoint {
+        Endpoint::Url(url) => tls::serving_names(url.parse::<http::Uri>().ok().as_ref().and_then(http::Uri::host), None),
+        Endpoint::Service { name, namespace } => tls::serving_names(None, Some((name, namespace))),
+    };
+    let bundle = tls::ensure_secret(client.clone(), &args.namespace, &args.secret_name, &names, API_TIMEOUT).await?;
+    let tls_config = bundle.server_config()?;
+
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let cluster = KubeCluster::new(client.clone(), &settings.driver, API_TIMEOUT, SLICE_CACHE);
+    let registration = Registration {
+        name: args.webhook_name.clone(),
+        endpoint,
+        ca_bundle: bundle.ca_pem.clone(),
+        match_condition: pod_match_condition(&settings),
+        excluded_namespaces: vec!["kube-system".to_owned(), args.namespace.clone()],
+        timeout_seconds: args.timeout_seconds,
+    };
+    // Answer a second before the API server gives up, so the client reads why.
+    let deadline = Duration::from_secs(u64::from(args.timeout_seconds.unsigned_abs()))
+        .saturating_sub(Duration::from_secs(1))
+        .max(Duration::from_millis(500));
+    let admitter = Arc::new(Admitter::new(settings, cluster, metrics).with_deadline(deadline));
+
+    let cancel = CancellationToken::new();
+    tokio::spawn(watch_signals(cancel.clone()));
+    let https = tokio::spawn(server::serve_tls(listener, tls_config, server::admission_router(admitter), cancel.clone()));
+    let metrics_server = metrics_listener.map(|l| {
+        tracing::info!(address = ?l.local_addr().ok(), "serving metrics");
+        tokio::spawn(server::serve_plain(l, server::metrics_router(Arc::new(registry)), cancel.clone()))
+    });
+    // Registered once the listener accepts, so the API server's first call finds it.
+    if let Err(e) = registration.apply(client, API_TIMEOUT).await {
+        cancel.cancel();
+        return Err(e.into());
+    }
+    tracing::info!(address = %args.listen, webhook = registration.webhook_name(), "admission webhook serving");
+
+    let https_done = https.await;
+    cancel.cancel();
+    if let Err(e) = https_done {
+        tracing::error!(error = %e, "the HTTPS server task failed");
+    }
+    if let Some(task) = metrics_server {
+        match task.await {
+            Ok(result) => result.map_err(RunError::Metrics)?,
+            Err(e) => tracing::error!(error = %e, "the metrics server task failed"),
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn watch_signals(cancel: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch SIGTERM; stopping");
+            return cancel.cancel();
+        }
+    };
+    for count in 0.. {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        if count > 0 {
+            tracing::warn!("second signal: exiting now");
+            std::process::exit(130);
+        }
+        tracing::info!("signal received: draining");
+        cancel.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WebhookArgs,
+    }
+
+    #[test]
+    fn hamis_device_config_names_the_resources_and_flags_name_the_class() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("device-config.yaml");
+        std::fs::write(&path, "nvidia:\n  resourceCountName: example.com/gpu\n  defaultMem: 2048\n").unwrap();
+        let cli = Cli::try_parse_from([
+            "x",
+            "--url=https://127.0.0.1:1/mutate-pods",
+            "--namespace=vgpu",
+            &format!("--config={}", path.display()),
+            "--device-class=shared-gpus",
+        ])
+        .unwrap();
+        let s = settings(&cli.args).unwrap();
+        assert_eq!((s.count_resource.as_str(), s.default_memory_mib), ("example.com/gpu", 2048));
+        assert_eq!((s.device_class.as_str(), s.driver.as_str()), ("shared-gpus", DEFAULT_DRIVER_NAME));
+        assert!(pod_match_condition(&s).contains("example.com/gpu"));
+    }
+
+    #[test]
+    fn a_url_must_be_https_with_a_host() {
+        for bad in ["http://127.0.0.1:1/mutate-pods", "/mutate-pods"] {
+            let cli = Cli::try_parse_from(["x", "--namespace=vgpu", "--url", bad]).unwrap();
+            assert!(matches!(endpoint(&cli.args), Err(RunError::Url(_))), "{bad}");
+        }
+    }
+}
