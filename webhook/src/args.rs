@@ -47,6 +47,15 @@ pub struct WebhookArgs {
     pub metrics_address: Option<SocketAddr>,
 }
 
+/// A command line of only these flags, for tests of this crate.
+#[cfg(test)]
+#[derive(Debug, clap::Parser)]
+pub(crate) struct Cli {
+    /// The flags.
+    #[command(flatten)]
+    pub(crate) args: WebhookArgs,
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -54,12 +63,6 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: WebhookArgs,
-    }
 
     #[test]
     fn url_or_service_is_required_and_exclusive() {

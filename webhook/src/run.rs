@@ -237,12 +237,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        args: WebhookArgs,
-    }
+    use crate::args::Cli;
 
     #[test]
     fn hamis_device_config_names_the_resources_and_flags_name_the_class() {

@@ -74,23 +74,25 @@ impl Default for CompatSettings {
 }
 
 impl CompatSettings {
-    /// HAMi's defaults: `nvidia.com/gpu`, `gpumem`, `gpumem-percentage`, `gpucores`, `priority`.
+    /// HAMi's defaults: `nvidia.com/gpu`, `gpumem`, `gpumem-percentage`, `gpucores`, `priority`,
+    /// taken from the device configuration model's defaults so the two cannot drift apart.
     pub fn hami() -> Self {
-        Self {
-            count_resource: "nvidia.com/gpu".into(),
-            memory_resource: "nvidia.com/gpumem".into(),
-            memory_percentage_resource: "nvidia.com/gpumem-percentage".into(),
-            cores_resource: "nvidia.com/gpucores".into(),
-            priority_resource: Some("nvidia.com/priority".into()),
+        let base = Self {
+            count_resource: String::new(),
+            memory_resource: String::new(),
+            memory_percentage_resource: String::new(),
+            cores_resource: String::new(),
+            priority_resource: None,
             mig_resource_prefix: "nvidia.com/mig-".into(),
             default_memory_mib: 0,
             default_cores: 0,
-            default_gpu_num: 1,
+            default_gpu_num: 0,
             memory_factor: 1,
             core_policy: CorePolicy::Default,
             device_class: DEFAULT_DRIVER_NAME.into(),
             driver: DEFAULT_DRIVER_NAME.into(),
-        }
+        };
+        base.with_device_config(&HamiRequestSettings::default())
     }
 
     /// volcano-vgpu-device-plugin's names (`volcano.sh/vgpu-*`) with the same defaults; it has no
