@@ -2,7 +2,8 @@
 //! accepted by the real API server, the driver running with exactly the DaemonSet's arguments and
 //! the chart's RBAC, its DeviceClass selecting our slices in a real allocation, and the
 //! ValidatingAdmissionPolicy refusing writes to another node's slices in the API server's own
-//! admission.
+//! admission; and the HAMi compatibility webhook run with exactly its Deployment's arguments and
+//! its own least-privilege RBAC, registering itself and converting a HAMi pod.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::chart::{chart_dir, helm, run_as_daemonset_pod};
+use common::chart::{chart_dir, helm, run_as_daemonset_pod, run_as_webhook_pod};
 use common::{DRIVER, claim_and_pod_on};
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
 
@@ -54,12 +55,25 @@ fn chart_lints_and_refuses_bad_values() {
         ("deviceMemoryScaling=-1", "/deviceMemoryScaling"),
         ("hamiCore.hostPath=relative/dir", "/hamiCore/hostPath"),
         ("devicesplitcount=4", "devicesplitcount"),
+        ("webhook.timeoutSeconds=31", "/webhook/timeoutSeconds"),
+        ("webhook.replicas=0", "/webhook/replicas"),
+        ("webhook.port=0", "/webhook/port"),
     ] {
         let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", set]).expect_err(set);
         assert!(format!("{err:#}").contains(wants), "--set {set}: {err:#}");
     }
     // dra.enabled=false installs nothing (HAMi's device-plugin mode is not ours to run).
     let off = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "dra.enabled=false"]).unwrap();
+    assert!(!off.contains("kind:"), "{off}");
+    // The webhook is on by default, with the driver only, and can be left out.
+    let on = helm(&plane, &["template", "x", chart, "--set", IMAGE]).unwrap();
+    assert!(on.contains("name: x-vgpu-dra-webhook\n") && on.contains("kind: PodDisruptionBudget"), "{on}");
+    let no_webhook = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "webhook.enabled=false"]).unwrap();
+    assert!(!no_webhook.contains("webhook"), "{no_webhook}");
+    assert!(no_webhook.contains("kind: DaemonSet"), "{no_webhook}");
+    let off =
+        helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "dra.enabled=false", "--set", "webhook.enabled=true"])
+            .unwrap();
     assert!(!off.contains("kind:"), "{off}");
 }
 
@@ -87,6 +101,16 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     for want in ["--hami-core-dir=/opt/hami/vgpu", "--kubelet-dir=/var/lib/k0s/kubelet", "--mock-gpus=2xTesla T4:15Gi"] {
         anyhow::ensure!(args.contains(want), "DaemonSet args lack {want}: {args}");
+    }
+    let webhook = kubectl.get_json(&["deployment", "full-vgpu-dra-webhook", "-n", "vgpu-dra-full"])?;
+    let args = webhook["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    for want in [
+        "--listen=0.0.0.0:10443",
+        "--device-class=shared-gpu.example.com",
+        "--driver-name=vgpu.example.com",
+        "--timeout-seconds=5",
+    ] {
+        anyhow::ensure!(args.contains(want), "webhook Deployment args lack {want}: {args}");
     }
 
     // The defaults, the way the issue and the docs install it.
@@ -149,12 +173,126 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     // The admin is not the driver: the policy leaves everyone else alone.
     kubectl.run(&["delete", "resourceslice", "node-b-own"])?;
 
+    webhook_scenario(plane, &kubectl)?;
+
     // After all that, node-a's own slices are still the driver's to keep.
     pod.process.check_running()?;
     assert_only_driver_slices(&kubectl)?;
     let log = std::fs::read_to_string(pod.process.log())?;
     anyhow::ensure!(!log.to_lowercase().contains("forbidden"), "the driver hit RBAC limits:\n{log}");
     Ok(())
+}
+
+/// A pod written for HAMi (source document 003 section 3.1's limits).
+const HAMI_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: hami-pod, namespace: default}\nspec:\n  containers:\n  - name: cuda\n    image: registry.invalid/none\n    resources:\n      limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpucores: 50}\n";
+
+/// The webhook of the default install: its objects as the chart made them, the process run with
+/// the Deployment's arguments and its service account's token, registering itself and converting
+/// a HAMi pod with nothing more than its RBAC allows.
+fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<()> {
+    let name = "vgpu-dra-webhook";
+    let deploy = kubectl.get_json(&["deployment", name, "-n", NS])?;
+    anyhow::ensure!(deploy["spec"]["replicas"] == 2, "replicas: {}", deploy["spec"]["replicas"]);
+    let service = kubectl.get_json(&["service", name, "-n", NS])?;
+    anyhow::ensure!(
+        service["spec"]["ports"][0]["port"] == 443 && service["spec"]["ports"][0]["targetPort"] == "https",
+        "Service ports: {}",
+        service["spec"]["ports"]
+    );
+    anyhow::ensure!(service["spec"]["selector"]["app.kubernetes.io/component"] == "webhook", "{}", service["spec"]);
+    let pdb = kubectl.get_json(&["poddisruptionbudget", name, "-n", NS])?;
+    anyhow::ensure!(pdb["spec"]["selector"] == deploy["spec"]["selector"], "PDB selects {}", pdb["spec"]["selector"]);
+    // One ConfigMap for both: the webhook mounts the driver's.
+    let ds = kubectl.get_json(&["daemonset", "vgpu-dra", "-n", NS])?;
+    let volume = |spec: &serde_json::Value| {
+        spec["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "config").map(|v| v["configMap"]["name"].clone()))
+    };
+    anyhow::ensure!(volume(&deploy).is_some() && volume(&deploy) == volume(&ds), "webhook config {:?}", volume(&deploy));
+
+    let mut replica = run_as_webhook_pod(plane, NS, name)?;
+    let as_webhook = kubectl.with_kubeconfig(replica.kubeconfig.clone());
+    // It makes its Secret and registers itself, with the CA and the chart's timeout.
+    let config = eventually("the webhook registers itself with its own RBAC", Duration::from_secs(60), || {
+        replica.process.check_running()?;
+        Ok(kubectl.get_json(&["mutatingwebhookconfiguration", name]).ok())
+    })?;
+    let hook = &config["webhooks"][0];
+    anyhow::ensure!(hook["failurePolicy"] == "Fail" && hook["timeoutSeconds"] == 10, "{hook}");
+    anyhow::ensure!(hook["clientConfig"]["caBundle"].as_str().is_some_and(|b| !b.is_empty()), "no caBundle: {hook}");
+    let excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"].to_string();
+    anyhow::ensure!(excluded.contains("kube-system") && excluded.contains(NS), "excluded namespaces {excluded}");
+    let secret = kubectl.get_json(&["secret", "vgpu-dra-webhook-tls", "-n", NS])?;
+    anyhow::ensure!(secret["type"] == "kubernetes.io/tls", "{}", secret["type"]);
+    let health = http_get(replica.metrics_port, "/healthz")?;
+    anyhow::ensure!(health.starts_with("HTTP/1.1 200"), "{health}");
+
+    // A HAMi pod goes through it: a template created in the pod's namespace from the listed slices.
+    kubectl.apply(HAMI_POD)?;
+    let pod = kubectl.get_json(&["pod", "hami-pod", "-n", "default"])?;
+    let template = pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap_or_default().to_owned();
+    anyhow::ensure!(!template.is_empty(), "the pod was not converted: {}", pod["spec"]);
+    kubectl.get_json(&["resourceclaimtemplate", &template, "-n", "default"])?;
+
+    // Least privilege (`can-i -q` exits 1 for no).
+    let may = |args: &[&str]| {
+        let mut full = vec!["auth", "can-i", "-q"];
+        full.extend_from_slice(args);
+        as_webhook.run(&full).is_ok()
+    };
+    let own_hook = format!("mutatingwebhookconfigurations/{name}");
+    for allowed in [
+        &["create", "resourceclaimtemplates", "-n", "default"][..],
+        &["create", "resourceclaimtemplates", "-n", "team-a"],
+        &["list", "resourceslices"],
+        &["patch", &own_hook],
+        &["create", &own_hook],
+        &["get", "secrets/vgpu-dra-webhook-tls", "-n", NS],
+        &["update", "secrets/vgpu-dra-webhook-tls", "-n", NS],
+        &["create", "secrets", "-n", NS],
+    ] {
+        anyhow::ensure!(may(allowed), "the webhook may not {allowed:?}");
+    }
+    for denied in [
+        &["get", "secrets/vgpu-dra-webhook-tls", "-n", "default"][..],
+        &["create", "secrets", "-n", "default"],
+        &["get", "secrets/other", "-n", NS],
+        &["update", "secrets/other", "-n", NS],
+        &["list", "secrets", "-n", NS],
+        &["delete", "secrets/vgpu-dra-webhook-tls", "-n", NS],
+        &["patch", "mutatingwebhookconfigurations/other"],
+        &["delete", &own_hook],
+        &["create", "validatingwebhookconfigurations"],
+        &["update", "resourceslices"],
+        &["watch", "resourceslices"],
+        &["get", "resourceclaimtemplates", "-n", "default"],
+        &["delete", "resourceclaimtemplates", "-n", "default"],
+        &["create", "resourceclaims", "-n", "default"],
+        &["get", "pods", "-n", "default"],
+        &["delete", "pods", "-n", "default"],
+        &["get", "nodes"],
+    ] {
+        anyhow::ensure!(!may(denied), "the webhook may {denied:?}");
+    }
+
+    replica.process.check_running()?;
+    let log = std::fs::read_to_string(replica.process.log())?;
+    anyhow::ensure!(!log.to_lowercase().contains("forbidden"), "the webhook hit RBAC limits:\n{log}");
+    // The pod is left for the scheduler; the registration goes, as an uninstall should take it.
+    kubectl.run(&["delete", "pod", "hami-pod", "-n", "default", "--wait=false"])?;
+    kubectl.run(&["delete", "mutatingwebhookconfiguration", name])?;
+    Ok(())
+}
+
+/// The status line and body of `GET path` on loopback `port`.
+fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 fn assert_only_driver_slices(kubectl: &Kubectl) -> anyhow::Result<()> {

@@ -52,3 +52,46 @@ nodeConfig: {{ .Values.nodeConfig | default list | toJson }}
 {{- end -}}
 {{- if or .Values.deviceConfig.content .Values.deviceConfig.existingConfigMap -}}true{{- end -}}
 {{- end -}}
+
+{{/* Whether the webhook is installed: it converts pods for this driver, so only with it. */}}
+{{- define "vgpu-dra.webhook.enabled" -}}
+{{- if and .Values.dra.enabled .Values.webhook.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The webhook's Deployment, Service, ServiceAccount, RBAC, PodDisruptionBudget and the
+MutatingWebhookConfiguration it registers (cluster-scoped: the release name keeps it unique). */}}
+{{- define "vgpu-dra.webhook.fullname" -}}
+{{- printf "%s-webhook" (include "vgpu-dra.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The Secret the webhook keeps its CA and serving certificate in. */}}
+{{- define "vgpu-dra.webhook.secretName" -}}
+{{- printf "%s-tls" (include "vgpu-dra.webhook.fullname" .) | trunc 253 -}}
+{{- end -}}
+
+{{/* The webhook pods' labels; the component keeps its Service and PodDisruptionBudget off the
+driver pods. */}}
+{{- define "vgpu-dra.webhook.selectorLabels" -}}
+{{ include "vgpu-dra.selectorLabels" . }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{/* The ConfigMap holding the device configuration, read by the driver and the webhook alike. */}}
+{{- define "vgpu-dra.configMapName" -}}
+{{- .Values.deviceConfig.existingConfigMap | default (include "vgpu-dra.fullname" .) -}}
+{{- end -}}
+
+{{/* Pod annotation that rolls the pods when the configuration changes. An existing ConfigMap is
+not the chart's to read: only a change of its name or key rolls. */}}
+{{- define "vgpu-dra.configChecksum" -}}
+{{- if .Values.deviceConfig.existingConfigMap -}}
+vgpu-dra.io/config-sha256: {{ printf "%s/%s" .Values.deviceConfig.existingConfigMap .Values.deviceConfig.existingConfigMapKey | sha256sum }}
+{{- else -}}
+vgpu-dra.io/config-sha256: {{ include "vgpu-dra.config" . | sha256sum }}
+{{- end -}}
+{{- end -}}
+
+{{/* The image the driver and the webhook run (one binary, two roles). */}}
+{{- define "vgpu-dra.image" -}}
+{{ required "image.repository is empty: build the image from the Dockerfile, push it, and set image.repository (no image is published)" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}

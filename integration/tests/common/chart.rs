@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use vgpu_dra_integration::{ControlPlane, ManagedProcess, start_driver_as, write_kubeconfig};
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, driver_binary, free_port, start_driver_as, write_kubeconfig};
 
 /// The chart in this repository.
 pub fn chart_dir() -> PathBuf {
@@ -107,4 +107,103 @@ pub fn run_as_daemonset_pod(
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let process = start_driver_as(plane, &kubeconfig, &pod_name, node, &refs)?;
     Ok(DaemonSetPod { process, kubeconfig, args: given })
+}
+
+/// The device configuration file of a pod spec's `config` volume, written under the plane's
+/// directory as `file`: the ConfigMap's `config.yaml`, or the key an `items` entry maps to it.
+fn config_file(plane: &ControlPlane, namespace: &str, pod_spec: &Value, file: &str) -> anyhow::Result<PathBuf> {
+    let volume = pod_spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "config"))
+        .context("the pod spec has no config volume")?;
+    let name = volume["configMap"]["name"].as_str().context("the config volume is no ConfigMap")?;
+    let key = volume["configMap"]["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["path"] == "config.yaml"))
+        .and_then(|i| i["key"].as_str())
+        .unwrap_or("config.yaml");
+    let cm = plane.kubectl().get_json(&["configmap", name, "-n", namespace])?;
+    let path = plane.dir().join(file);
+    std::fs::write(&path, cm["data"][key].as_str().with_context(|| format!("ConfigMap {name} has no {key}"))?)?;
+    Ok(path)
+}
+
+/// A token of `sa` bound to a new Pod `pod_name` (labels `labels`, on no node), in a kubeconfig.
+fn pod_token(plane: &ControlPlane, namespace: &str, sa: &str, pod_name: &str, labels: &Value) -> anyhow::Result<PathBuf> {
+    let kubectl = plane.kubectl();
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod_name, "namespace": namespace, "labels": labels},
+        "spec": {"serviceAccountName": sa, "containers": [{"name": "c", "image": "registry.invalid/none"}]}});
+    kubectl.apply(&pod.to_string())?;
+    let uid = kubectl.run(&["get", "pod", pod_name, "-n", namespace, "-o", "jsonpath={.metadata.uid}"])?;
+    let token = kubectl.run(&[
+        "create",
+        "token",
+        sa,
+        "-n",
+        namespace,
+        "--bound-object-kind=Pod",
+        &format!("--bound-object-name={pod_name}"),
+        &format!("--bound-object-uid={}", uid.trim()),
+        "--duration=2h",
+    ])?;
+    let kubeconfig = plane.dir().join(format!("{pod_name}.kubeconfig"));
+    write_kubeconfig(&kubeconfig, plane.server(), token.trim())?;
+    Ok(kubeconfig)
+}
+
+/// A webhook started as a replica of the chart's webhook Deployment.
+pub struct WebhookPod {
+    /// The webhook process.
+    pub process: ManagedProcess,
+    /// The kubeconfig with the pod's bound service-account token.
+    pub kubeconfig: PathBuf,
+    /// The arguments the Deployment gave.
+    pub args: Vec<String>,
+    /// The port of /metrics and /healthz.
+    pub metrics_port: u16,
+}
+
+/// Starts `vgpu-dra webhook` as Deployment `namespace/deployment` would: the token of its
+/// service account bound to a pod, the container's arguments, `POD_NAMESPACE` as the downward API
+/// gives it, and the ConfigMap's file. The ports become free loopback ones, and, with no
+/// kube-proxy for the API server to reach the Service through, `--url` to this process replaces
+/// `--service-name` (the two exclude each other); every other argument is the Deployment's.
+pub fn run_as_webhook_pod(plane: &ControlPlane, namespace: &str, deployment: &str) -> anyhow::Result<WebhookPod> {
+    let deploy = plane.kubectl().get_json(&["deployment", deployment, "-n", namespace])?;
+    let pod_spec = &deploy["spec"]["template"]["spec"];
+    let sa = pod_spec["serviceAccountName"].as_str().context("Deployment names no service account")?;
+    let container = &pod_spec["containers"][0];
+    let env = container["env"].as_array().context("webhook container has no env")?;
+    anyhow::ensure!(
+        env.iter().any(|e| e["name"] == "POD_NAMESPACE" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"),
+        "POD_NAMESPACE is not the pod's namespace: {env:?}"
+    );
+    let config = config_file(plane, namespace, pod_spec, &format!("{deployment}-config.yaml"))?;
+    let pod_name = format!("{deployment}-replica");
+    let kubeconfig = pod_token(plane, namespace, sa, &pod_name, &deploy["spec"]["template"]["metadata"]["labels"])?;
+
+    let given: Vec<String> = container["args"]
+        .as_array()
+        .context("webhook container has no args")?
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    anyhow::ensure!(given.first().map(String::as_str) == Some("webhook"), "Deployment runs {given:?}");
+    let (listen, metrics_port) = (free_port()?, free_port()?);
+    let mut args: Vec<String> = vec!["webhook".to_owned()];
+    for arg in &given[1..] {
+        let replaced = match arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag) {
+            "--listen" => format!("--listen=127.0.0.1:{listen}"),
+            "--metrics-address" => format!("--metrics-address=127.0.0.1:{metrics_port}"),
+            "--config" => format!("--config={}", config.display()),
+            "--service-name" => format!("--url=https://127.0.0.1:{listen}/mutate-pods"),
+            _ => arg.clone(),
+        };
+        args.push(replaced);
+    }
+    args.extend([format!("--namespace={namespace}"), format!("--kubeconfig={}", kubeconfig.display())]);
+    let process = ManagedProcess::spawn(&pod_name, driver_binary()?, &args, plane.dir())?;
+    Ok(WebhookPod { process, kubeconfig, args: given, metrics_port })
 }
