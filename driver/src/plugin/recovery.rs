@@ -20,7 +20,6 @@ use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid};
 use super::cdi::ANNOTATION_CLAIM;
 use super::checkpoint::PreparedClaim;
 use super::claim::{ClaimRef, devices_of};
-use super::host::{CLAIM_DIR_MODE, ensure_dir};
 use super::source::ClaimSource;
 use super::state::{Inner, Pending, State, StateOptions, Storage, blocking, capacities, chain, hold_whole};
 use super::toolkit::ToolkitIndex;
@@ -140,7 +139,8 @@ impl State {
                 let inner = self.inner.lock().await;
                 blocking(|| inner.specs.read(uid.as_str()))
             };
-            let Some(claim) = read.ok().flatten().and_then(|s| claim_of(&s, &uid)) else {
+            let spec = read.ok().flatten();
+            let Some(claim) = spec.as_ref().and_then(|s| claim_of(s, &uid)) else {
                 tracing::warn!(claim = %uid, "CDI spec of a claim with a lost record names no claim; kept, and the claim's cards are not held");
                 continue;
             };
@@ -151,7 +151,8 @@ impl State {
                     self.forget_on_disk(&uid).await;
                 }
                 Verdict::Unknown(why) => {
-                    let devices = spec_devices(&read_spec_names(self, &uid).await, &uid, published);
+                    let names: Vec<String> = spec.iter().flat_map(|s| s.devices.iter().map(|d| d.name.clone())).collect();
+                    let devices = spec_devices(&names, &uid, published);
                     tracing::warn!(claim = %claim, reason = %why, cards = ?devices, "claim with a lost record cannot be checked now; its spec is kept and its cards are held until the API answers");
                     self.inner.lock().await.pending.insert(uid, Pending { claim, devices });
                 }
@@ -265,33 +266,12 @@ impl State {
     /// disk, and makes sure its directory is there; a failure is logged and retried later.
     pub(super) async fn repair_specs(&self) {
         let inner = self.inner.lock().await;
-        for (uid, entry) in &inner.prepared {
-            let on_disk = blocking(|| inner.specs.read(uid.as_str()));
-            if matches!(&on_disk, Ok(Some(spec)) if *spec == entry.spec) {
-                continue;
-            }
-            let what = match &on_disk {
-                Ok(None) => "missing".to_owned(),
-                Ok(Some(_)) => "changed on disk".to_owned(),
-                Err(e) => chain(e),
-            };
-            let dir = inner.cdi.claims_root.join(uid.as_str());
-            let host_dirs = self.options.host_dirs;
-            let written = blocking(|| {
-                if host_dirs {
-                    ensure_dir(&dir, CLAIM_DIR_MODE).map_err(|e| chain(&e))?;
-                }
-                if let Ok(path) = inner.specs.file_for(uid.as_str())
-                    && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
-                {
-                    let _ = std::fs::remove_dir_all(&path);
-                }
-                inner.specs.write(uid.as_str(), &entry.spec).map(|_| ()).map_err(|e| chain(&e))
-            });
-            match written {
-                Ok(()) => tracing::info!(claim = %entry.claim, was = %what, "rewrote CDI spec of prepared claim"),
+        for entry in inner.prepared.values() {
+            match inner.restore_spec(entry, self.options.host_dirs) {
+                Ok(None) => {}
+                Ok(Some(was)) => tracing::info!(claim = %entry.claim, %was, "rewrote CDI spec of prepared claim"),
                 Err(e) => {
-                    tracing::error!(claim = %entry.claim, was = %what, error = %e, "CDI spec of prepared claim could not be rewritten; retrying later")
+                    tracing::error!(claim = %entry.claim, error = %e.chain(), "CDI spec of prepared claim could not be rewritten; retrying later");
                 }
             }
         }
@@ -397,15 +377,6 @@ impl State {
 fn claim_of(spec: &cdi_spec::Spec, uid: &Uid) -> Option<ClaimRef> {
     let (namespace, name) = spec.annotations.get(ANNOTATION_CLAIM)?.split_once('/')?;
     ClaimRef::new(namespace, name, uid.as_str()).ok()
-}
-
-async fn read_spec_names(state: &State, uid: &Uid) -> Vec<String> {
-    let inner = state.inner.lock().await;
-    blocking(|| inner.specs.read(uid.as_str()))
-        .ok()
-        .flatten()
-        .map(|s| s.devices.into_iter().map(|d| d.name).collect())
-        .unwrap_or_default()
 }
 
 /// The cards a spec's device names (`<uid>-<device>[-<share>]`) name, among those published.

@@ -89,13 +89,7 @@ impl ClaimSource {
                 current.then_some(c)
             }
             Self::Api { .. } => None,
-            Self::Fixed { claims, .. } => claims
-                .iter()
-                .find(|c| {
-                    c.metadata.namespace.as_deref() == Some(claim.namespace.as_str())
-                        && c.metadata.name.as_deref() == Some(claim.name.as_str())
-                })
-                .map(|c| Arc::new(c.clone())),
+            Self::Fixed { claims, .. } => named(claims, &claim.namespace, &claim.name).map(|c| Arc::new(c.clone())),
         }
     }
 
@@ -121,13 +115,7 @@ impl ClaimSource {
             Self::Api { client, timeout, .. } => {
                 get(Api::namespaced(client.clone(), namespace.as_str()), name, *timeout, "ResourceClaim", namespace).await
             }
-            Self::Fixed { claims, .. } => Ok(claims
-                .iter()
-                .find(|c| {
-                    c.metadata.namespace.as_deref() == Some(namespace.as_str())
-                        && c.metadata.name.as_deref() == Some(name.as_str())
-                })
-                .cloned()),
+            Self::Fixed { claims, .. } => Ok(named(claims, namespace, name).cloned()),
         }
     }
 
@@ -141,13 +129,7 @@ impl ClaimSource {
             Self::Api { client, timeout, .. } => {
                 get(Api::namespaced(client.clone(), namespace.as_str()), name, *timeout, "Pod", namespace).await
             }
-            Self::Fixed { pods, .. } => Ok(pods
-                .iter()
-                .find(|p| {
-                    p.metadata.namespace.as_deref() == Some(namespace.as_str())
-                        && p.metadata.name.as_deref() == Some(name.as_str())
-                })
-                .cloned()),
+            Self::Fixed { pods, .. } => Ok(named(pods, namespace, name).cloned()),
         }
     }
 }
@@ -192,6 +174,12 @@ impl ClaimSource {
             Err(_) => tracing::warn!(claim = %claim, "event not recorded: no answer from the API server"),
         }
     }
+}
+
+/// The object `namespace/name` of a fixed list.
+fn named<'a, K: kube::Resource>(list: &'a [K], namespace: &Namespace, name: &ObjectName) -> Option<&'a K> {
+    list.iter()
+        .find(|o| o.meta().namespace.as_deref() == Some(namespace.as_str()) && o.meta().name.as_deref() == Some(name.as_str()))
 }
 
 async fn get<K>(

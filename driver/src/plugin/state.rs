@@ -98,17 +98,7 @@ impl PrepareError {
     /// The message with every cause, for the kubelet and the log: `writing CDI spec /x: Read-only
     /// file system (os error 30)`.
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(c) = cause {
-            let part = c.to_string();
-            if !text.contains(&part) {
-                text.push_str(": ");
-                text.push_str(&part);
-            }
-            cause = c.source();
-        }
-        text
+        chain(self)
     }
 }
 
@@ -235,6 +225,37 @@ pub(super) struct Inner {
     pub checkpoint: Checkpoint,
     pub specs: SpecDir,
     pub cdi: CdiOptions,
+}
+
+impl Inner {
+    /// Makes a prepared claim's spec on disk equal to its record, and its directory exist: the
+    /// spec is rewritten when missing, unreadable or changed (whatever sits under its name makes
+    /// way). `None` when it was right; after a rewrite, what was wrong.
+    ///
+    /// # Errors
+    /// When the directory or the spec cannot be written.
+    pub(super) fn restore_spec(&self, entry: &PreparedClaim, host_dirs: bool) -> Result<Option<String>, PrepareError> {
+        let uid = entry.claim.uid.as_str();
+        let was = match blocking(|| self.specs.read(uid)) {
+            Ok(Some(spec)) if spec == entry.spec => return Ok(None),
+            Ok(Some(_)) => "changed on disk".to_owned(),
+            Ok(None) => "missing".to_owned(),
+            Err(e) => chain(&e),
+        };
+        let dir = claim_dir(&self.cdi, &entry.claim);
+        blocking(|| {
+            if host_dirs {
+                ensure_dir(&dir, CLAIM_DIR_MODE)?;
+            }
+            if let Ok(path) = self.specs.file_for(uid)
+                && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+            {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            self.specs.write(uid, &entry.spec).map(|_| ()).map_err(PrepareError::from)
+        })?;
+        Ok(Some(was))
+    }
 }
 
 /// The request name of a pending claim's placeholder share in the ledger.
@@ -398,27 +419,8 @@ impl State {
     async fn prepared_entry(&self, claim: &ClaimRef) -> Result<Option<PreparedClaim>, PrepareError> {
         let inner = self.inner.lock().await;
         let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
-        let on_disk = blocking(|| inner.specs.read(claim.uid.as_str()));
-        if !matches!(&on_disk, Ok(Some(spec)) if *spec == entry.spec) {
-            match &on_disk {
-                Ok(None) => tracing::info!(claim = %claim, "CDI spec vanished (tmpfs after reboot?); rewriting it"),
-                Ok(Some(_)) => tracing::warn!(claim = %claim, "CDI spec was changed on disk; rewriting it"),
-                Err(e) => tracing::warn!(claim = %claim, error = %chain(e), "CDI spec unreadable; rewriting it"),
-            }
-            let dir = claim_dir(&inner.cdi, claim);
-            let host_dirs = self.options.host_dirs;
-            blocking(|| {
-                if host_dirs {
-                    ensure_dir(&dir, CLAIM_DIR_MODE)?;
-                }
-                // Whatever sits under the spec's name (a directory, a FIFO) makes way for it.
-                if let Ok(path) = inner.specs.file_for(claim.uid.as_str())
-                    && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
-                {
-                    let _ = std::fs::remove_dir_all(&path);
-                }
-                inner.specs.write(claim.uid.as_str(), &entry.spec).map(|_| ()).map_err(PrepareError::from)
-            })?;
+        if let Some(was) = inner.restore_spec(entry, self.options.host_dirs)? {
+            tracing::info!(claim = %claim, %was, "rewrote CDI spec of prepared claim (the CDI directory is tmpfs on most hosts)");
         }
         Ok(Some(entry.clone()))
     }
@@ -556,13 +558,16 @@ pub(super) fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, 
     published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
 }
 
-/// An error with its causes, for log fields.
+/// An error with its causes, each once (a layer that already prints its cause is not repeated).
 pub(super) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
+        let part = c.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         cause = c.source();
     }
     text

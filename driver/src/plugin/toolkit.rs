@@ -68,11 +68,6 @@ impl ToolkitIndex {
     }
 }
 
-/// Device names found in the toolkit's specs under `dirs`, read now (one-shot callers).
-pub fn toolkit_devices(dirs: &[PathBuf], own_prefix: &str) -> Vec<String> {
-    ToolkitIndex::default().devices(dirs, own_prefix)
-}
-
 fn toolkit_names(v: &serde_json::Value) -> Vec<String> {
     if v.get("kind").and_then(|k| k.as_str()) != Some(TOOLKIT_KIND) {
         return Vec::new();
@@ -114,7 +109,7 @@ mod tests {
         // Our own claim specs are skipped unread, even one that looks like the toolkit's.
         std::fs::write(dir.path().join("k8s.x.io-claim_u1.json"), r#"{"kind":"nvidia.com/gpu","devices":[{"name":"GPU-own"}]}"#)
             .unwrap();
-        let found = toolkit_devices(&[dir.path().to_path_buf(), dir.path().join("missing")], "k8s.x.io-claim_");
+        let found = ToolkitIndex::default().devices(&[dir.path().to_path_buf(), dir.path().join("missing")], "k8s.x.io-claim_");
         assert_eq!(found.len(), 2);
         assert_eq!(toolkit_id(&found, "GPU-abc", 0).as_deref(), Some("nvidia.com/gpu=GPU-abc"));
         assert_eq!(toolkit_id(&found, "GPU-other", 0).as_deref(), Some("nvidia.com/gpu=0"));

@@ -61,34 +61,10 @@ pub fn run_as_daemonset_pod(
     let pod_spec = &ds["spec"]["template"]["spec"];
     let sa = pod_spec["serviceAccountName"].as_str().context("DaemonSet names no service account")?;
     let container = &pod_spec["containers"][0];
-    let config_map = pod_spec["volumes"]
-        .as_array()
-        .and_then(|v| v.iter().find_map(|v| v["configMap"]["name"].as_str()))
-        .context("DaemonSet mounts no ConfigMap")?;
-    let cm = kubectl.get_json(&["configmap", config_map, "-n", namespace])?;
-    let config = plane.dir().join(format!("{daemonset}-{node}-config.yaml"));
-    std::fs::write(&config, cm["data"]["config.yaml"].as_str().context("ConfigMap has no config.yaml")?)?;
-
+    let config = config_file(plane, namespace, pod_spec, &format!("{daemonset}-{node}-config.yaml"))?;
     let pod_name = format!("{daemonset}-{node}");
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod_name, "namespace": namespace, "labels": ds["spec"]["template"]["metadata"]["labels"]},
-        "spec": {"serviceAccountName": sa, "nodeName": node,
-                 "containers": [{"name": "driver", "image": container["image"]}]}});
-    kubectl.apply(&pod.to_string())?;
-    let uid = kubectl.run(&["get", "pod", &pod_name, "-n", namespace, "-o", "jsonpath={.metadata.uid}"])?;
-    let token = kubectl.run(&[
-        "create",
-        "token",
-        sa,
-        "-n",
-        namespace,
-        "--bound-object-kind=Pod",
-        &format!("--bound-object-name={pod_name}"),
-        &format!("--bound-object-uid={}", uid.trim()),
-        "--duration=2h",
-    ])?;
-    let kubeconfig = plane.dir().join(format!("{pod_name}.kubeconfig"));
-    write_kubeconfig(&kubeconfig, plane.server(), token.trim())?;
+    let labels = &ds["spec"]["template"]["metadata"]["labels"];
+    let kubeconfig = pod_token(plane, namespace, sa, &pod_name, Some(node), labels)?;
 
     let given: Vec<String> = container["args"]
         .as_array()
@@ -128,12 +104,23 @@ fn config_file(plane: &ControlPlane, namespace: &str, pod_spec: &Value, file: &s
     Ok(path)
 }
 
-/// A token of `sa` bound to a new Pod `pod_name` (labels `labels`, on no node), in a kubeconfig.
-fn pod_token(plane: &ControlPlane, namespace: &str, sa: &str, pod_name: &str, labels: &Value) -> anyhow::Result<PathBuf> {
+/// A token of `sa` bound to a new Pod `pod_name` (labels `labels`, on `node` when given: the
+/// token then carries the node, which the slice policy checks), in a kubeconfig.
+fn pod_token(
+    plane: &ControlPlane,
+    namespace: &str,
+    sa: &str,
+    pod_name: &str,
+    node: Option<&str>,
+    labels: &Value,
+) -> anyhow::Result<PathBuf> {
     let kubectl = plane.kubectl();
-    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+    let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": pod_name, "namespace": namespace, "labels": labels},
         "spec": {"serviceAccountName": sa, "containers": [{"name": "c", "image": "registry.invalid/none"}]}});
+    if let Some(node) = node {
+        pod["spec"]["nodeName"] = node.into();
+    }
     kubectl.apply(&pod.to_string())?;
     let uid = kubectl.run(&["get", "pod", pod_name, "-n", namespace, "-o", "jsonpath={.metadata.uid}"])?;
     let token = kubectl.run(&[
@@ -181,7 +168,7 @@ pub fn run_as_webhook_pod(plane: &ControlPlane, namespace: &str, deployment: &st
     );
     let config = config_file(plane, namespace, pod_spec, &format!("{deployment}-config.yaml"))?;
     let pod_name = format!("{deployment}-replica");
-    let kubeconfig = pod_token(plane, namespace, sa, &pod_name, &deploy["spec"]["template"]["metadata"]["labels"])?;
+    let kubeconfig = pod_token(plane, namespace, sa, &pod_name, None, &deploy["spec"]["template"]["metadata"]["labels"])?;
 
     let given: Vec<String> = container["args"]
         .as_array()
