@@ -19,6 +19,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 # Kueue for the quota docs: its CRDs and a decoder of its manager Configuration.
 KUEUE_VERSION="${KUEUE_VERSION:-v0.18.1}"
+# Volcano: the CRDs of its batch Jobs and queues (the webhook converts Jobs' task templates).
+VOLCANO_VERSION="${VOLCANO_VERSION:-v1.15.0}"
 CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -35,6 +37,7 @@ etcd_bin="$CACHE/etcd-$ETCD_VERSION"
 helm_bin="$CACHE/helm-$HELM_VERSION"
 kueue_hash="$( (cd "$HERE/kueue" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
 kueue_bin="$CACHE/kueue-$KUEUE_VERSION-$kueue_hash"
+volcano_bin="$CACHE/volcano-$VOLCANO_VERSION"
 # Our own Go tools change with the repository: key them by their source as well as the release.
 tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go release/*/*.go) | sha256sum | cut -c1-16)"
 tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
@@ -160,12 +163,25 @@ build_kueue() {
 	rm -rf "$kueue_bin" && mv "$kueue_bin.tmp" "$kueue_bin"
 }
 
+build_volcano() {
+	[[ -d "$volcano_bin/crds" ]] && return
+	log "fetching Volcano $VOLCANO_VERSION's CRDs"
+	local dir
+	dir="$(cd "$CACHE" && go mod download -json "volcano.sh/volcano@$VOLCANO_VERSION" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
+	[[ -d "$dir/config/crd/volcano/bases" ]] || { log "no CRDs in volcano.sh/volcano@$VOLCANO_VERSION"; exit 1; }
+	rm -rf "$volcano_bin.tmp" && mkdir -p "$volcano_bin.tmp/crds"
+	cp "$dir"/config/crd/volcano/bases/*.yaml "$volcano_bin.tmp/crds/"
+	rm -rf "$volcano_bin" && mv "$volcano_bin.tmp" "$volcano_bin"
+}
+
 mkdir -p "$CACHE"
 start=$SECONDS
 build_etcd
 build_kubernetes
 build_helm
 build_kueue
+build_volcano
 log "components ready in $((SECONDS - start)) s (cache: $CACHE)"
 
 for name in kube-apiserver kube-scheduler kube-controller-manager kubectl; do
@@ -177,3 +193,4 @@ echo "kubelet-sim=$tools_bin/kubelet-sim"
 echo "cdi-check=$tools_bin/cdi-check"
 echo "kueue-check=$kueue_bin/kueue-check"
 echo "kueue-crds=$kueue_bin/crds"
+echo "volcano-crds=$volcano_bin/crds"

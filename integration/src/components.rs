@@ -30,9 +30,11 @@ pub struct Components {
     pub kueue_check: PathBuf,
     /// The directory of Kueue's CRDs, from the same release.
     pub kueue_crds: PathBuf,
+    /// The directory of Volcano's CRDs (batch Jobs, queues, pod groups).
+    pub volcano_crds: PathBuf,
 }
 
-const NAMES: [&str; 10] = [
+const NAMES: [&str; 11] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
@@ -43,6 +45,7 @@ const NAMES: [&str; 10] = [
     "cdi-check",
     "kueue-check",
     "kueue-crds",
+    "volcano-crds",
 ];
 
 /// The components, found or built once per test process.
@@ -81,7 +84,8 @@ fn locate() -> anyhow::Result<Components> {
         cdi_check,
         kueue_check,
         kueue_crds,
-    ]: [PathBuf; 10] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
+        volcano_crds,
+    ]: [PathBuf; 11] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
     Ok(Components {
         etcd,
         kube_apiserver,
@@ -93,6 +97,7 @@ fn locate() -> anyhow::Result<Components> {
         cdi_check,
         kueue_check,
         kueue_crds,
+        volcano_crds,
     })
 }
 

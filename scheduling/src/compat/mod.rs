@@ -23,6 +23,7 @@
 
 mod claim;
 mod container;
+mod job;
 mod pod;
 mod selectors;
 mod settings;
@@ -32,6 +33,7 @@ pub use claim::{
     claim_spec, template_name,
 };
 pub use container::{Ask, CardRequest, MAX_COUNT, MemoryRequest, container_ask};
+pub use job::{JobConversion, JobError, convert_volcano_job};
 pub use pod::{
     CLAIM_ENTRY_PREFIX, PodConversion, SpecConversion, claim_entry_name, convert_pod, convert_pod_spec, job_match_condition,
     pod_match_condition,
