@@ -193,7 +193,20 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         assert!(kubectl.run(&["get", "pod", name, "-n", "default", "-o", "name"]).is_err());
     }
     assert_eq!(templates(plane)?, 1);
+    // A pod without GPUs, with an init container, is never sent (matchConditions): no admission
+    // of any outcome besides the two conversions and two denials above is counted.
+    let plain = pod_yaml("no-gpu", "cpu: 100m", false).replace(
+        "spec:\n",
+        "spec:\n  initContainers:\n  - {name: init, image: registry.invalid/none, resources: {limits: {memory: 64Mi}}}\n",
+    );
+    kubectl.apply(&plain)?;
     let text = metrics(metrics_port)?;
+    let counted: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("vgpu_dra_webhook_admissions_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(counted, 4.0, "{text}");
     for want in [
         // The dry-run probe and the pod (the probe converts once: it stops at the first success).
         "vgpu_dra_webhook_admissions_total{outcome=\"converted\"} 2",
@@ -248,14 +261,60 @@ spec:
         volcano.sh/vgpu-cores: 30
 "#;
 
+/// Source document 000's two-worker gang, unchanged: a Volcano Job whose task template asks
+/// Volcano's vGPU resources.
+const VOLCANO_GANG: &str = r#"apiVersion: batch.volcano.sh/v1alpha1
+kind: Job
+metadata:
+  name: vcjob-vgpu-gang
+  namespace: volcano-demo
+spec:
+  schedulerName: volcano
+  queue: default
+  minAvailable: 2
+  maxRetry: 1
+  tasks:
+  - name: vgpu-worker
+    replicas: 2
+    template:
+      spec:
+        restartPolicy: Never
+        containers:
+        - name: cuda
+          image: nvidia/cuda:11.0.3-base-ubuntu18.04
+          imagePullPolicy: IfNotPresent
+          command:
+          - bash
+          - -lc
+          - |
+            echo "worker: $(hostname)"
+            nvidia-smi
+            sleep 3600
+          resources:
+            limits:
+              volcano.sh/vgpu-number: 1
+              volcano.sh/vgpu-memory: 3000
+              volcano.sh/vgpu-cores: 30
+"#;
+
+/// Volcano's Job CRD, from the Volcano release the test bed pins.
+fn install_volcano_job_crd(plane: &ControlPlane) {
+    let crd = plane.components().volcano_crds.join("batch.volcano.sh_jobs.yaml");
+    plane.kubectl().run(&["apply", "--server-side", "-f", crd.to_str().unwrap()]).unwrap();
+    plane.kubectl().run(&["wait", "--for=condition=established", "crd/jobs.batch.volcano.sh", "--timeout=60s"]).unwrap();
+}
+
 /// Source document 001's device configuration, unchanged, makes the webhook convert Volcano's
-/// `volcano.sh/vgpu-*` resources with HAMi's meaning; pods of one shape share one template.
+/// `volcano.sh/vgpu-*` resources with HAMi's meaning; pods of one shape share one template; a
+/// Volcano Job's task templates are converted at the Job's admission, so the pods Volcano makes
+/// from them never carry Volcano's vGPU resources.
 #[test]
 fn volcano_pods_convert_with_the_volcano_device_config() {
     let plane = ControlPlane::start().expect("control plane");
     let kubectl = plane.kubectl().clone();
     plane.create_node(NODE).unwrap();
     kubectl.apply(DEVICE_CLASS).unwrap();
+    install_volcano_job_crd(&plane);
     for ns in [WEBHOOK_NAMESPACE, "volcano-demo"] {
         kubectl.run(&["create", "namespace", ns]).unwrap();
     }
@@ -295,4 +354,30 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     kubectl.run_with_input(&["apply", "-f", "-"], Some(&many)).unwrap();
     let list = kubectl.get_json(&["resourceclaimtemplates", "-n", "volcano-demo"]).unwrap();
     assert_eq!(list["items"].as_array().map_or(0, Vec::len), 1, "{list:#}");
+
+    // The gang Job of 000: its task template references a template of 3000 MiB / 30 cores.
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(VOLCANO_GANG)).unwrap();
+    let job = kubectl.get_json(&["jobs.batch.volcano.sh", "vcjob-vgpu-gang", "-n", "volcano-demo"]).unwrap();
+    let spec = &job["spec"]["tasks"][0]["template"]["spec"];
+    let container = &spec["containers"][0]["resources"];
+    assert!(container["limits"].get("volcano.sh/vgpu-memory").is_none(), "{job:#}");
+    assert_eq!(container["claims"][0]["name"], spec["resourceClaims"][0]["name"], "{job:#}");
+    let template_name = spec["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap();
+    let template = kubectl.get_json(&["resourceclaimtemplate", template_name, "-n", "volcano-demo"]).unwrap();
+    let requests = &template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"];
+    let memory = vgpu_scheduling::Quantity::parse(requests["memory"].as_str().unwrap()).unwrap();
+    assert_eq!(memory.as_u64_exact(), Some(3000u64 << 20), "{template:#}");
+    assert_eq!(requests["cores"], "30", "{template:#}");
+    // Everything else of the Job is as written.
+    assert_eq!(job["spec"]["minAvailable"], 2);
+    assert_eq!(job["spec"]["tasks"][0]["replicas"], 2);
+
+    // A Job that HAMi would refuse is refused naming the task, the container and the resource,
+    // and nothing of it is stored.
+    let bad = VOLCANO_GANG.replace("vcjob-vgpu-gang", "vcjob-too-many-cores").replace("vgpu-cores: 30", "vgpu-cores: 130");
+    let err = kubectl.run_with_input(&["apply", "-f", "-"], Some(&bad)).expect_err("cores over 100").to_string();
+    assert!(err.contains("task \"vgpu-worker\": container \"cuda\": volcano.sh/vgpu-cores: 130"), "{err}");
+    assert!(kubectl.run(&["get", "jobs.batch.volcano.sh", "vcjob-too-many-cores", "-n", "volcano-demo"]).is_err());
+    let text = std::fs::read_to_string(webhook.log()).unwrap();
+    assert!(text.contains("Volcano Job"), "{text}");
 }

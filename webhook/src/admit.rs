@@ -2,6 +2,7 @@
 //! references, answer. The cluster side sits behind [`Cluster`] so the review handling is tested
 //! without an API server.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +13,8 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use tokio::sync::Mutex;
+use serde::de::DeserializeOwned;
+use vgpu_scheduling::compat::convert_volcano_job;
 use vgpu_scheduling::{ClassFacts, CompatSettings, convert_pod};
 
 use crate::metrics::{Metrics, Outcome};
@@ -96,41 +99,77 @@ impl<C: Cluster> Admitter<C> {
         &self.settings
     }
 
-    /// The answer to the review in `body`; never fails: errors are denials the client sees.
+    /// The answer to the pod review in `body`; never fails: errors are denials the client sees.
     pub async fn review(&self, body: &[u8]) -> AdmissionReview<DynamicObject> {
         let started = Instant::now();
-        let request = match review::parse(body) {
+        let request = match self.parse::<Pod>(body, "Pod", started) {
             Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "unreadable admission review");
-                self.metrics.observe(Outcome::Invalid, started.elapsed().as_secs_f64());
-                return review::invalid(&e);
-            }
+            Err(answer) => return *answer,
         };
-        let (outcome, decision) = match tokio::time::timeout(self.deadline, self.decide(&request)).await {
+        let decided = self.bounded("Pod", self.decide_pod(&request)).await;
+        self.finish("Pod", &request, decided, started)
+    }
+
+    /// The answer to the Volcano Job review in `body`, as [`Admitter::review`].
+    pub async fn review_job(&self, body: &[u8]) -> AdmissionReview<DynamicObject> {
+        let started = Instant::now();
+        let request = match self.parse::<DynamicObject>(body, "Volcano Job", started) {
+            Ok(r) => r,
+            Err(answer) => return *answer,
+        };
+        let decided = self.bounded("Volcano Job", self.decide_job(&request)).await;
+        self.finish("Volcano Job", &request, decided, started)
+    }
+
+    /// The request in `body`, or the answer to a body that is not one.
+    fn parse<K: kube::Resource + DeserializeOwned>(
+        &self,
+        body: &[u8],
+        kind: &'static str,
+        started: Instant,
+    ) -> Result<AdmissionRequest<K>, Box<AdmissionReview<DynamicObject>>> {
+        review::parse::<K>(body, kind).map_err(|e| {
+            tracing::warn!(error = %e, "unreadable admission review");
+            self.metrics.observe(Outcome::Invalid, started.elapsed().as_secs_f64());
+            Box::new(review::invalid(&e))
+        })
+    }
+
+    /// `decide` within the deadline; a refusal past it.
+    async fn bounded(&self, kind: &str, decide: impl Future<Output = (Outcome, Decision)>) -> (Outcome, Decision) {
+        match tokio::time::timeout(self.deadline, decide).await {
             Ok(answer) => answer,
             // Templates made before the deadline stay: they are shared and named by content.
             Err(_) => {
-                let e = AdmitError::Timeout { what: "admitting the pod".into(), timeout: self.deadline };
+                let e = AdmitError::Timeout { what: format!("admitting the {kind}"), timeout: self.deadline };
                 (Outcome::Error, error_decision(&e))
             }
-        };
-        let pod = request.name.as_str();
-        let namespace = request.namespace.as_deref().unwrap_or_default();
-        match &decision {
-            Decision::Deny { message } => tracing::info!(namespace, pod, ?outcome, message, "pod denied"),
-            Decision::Allow { patch, .. } if !patch.is_empty() => {
-                tracing::info!(namespace, pod, operations = patch.len(), dry_run = request.dry_run, "pod converted");
-            }
-            Decision::Allow { .. } => tracing::debug!(namespace, pod, "pod left unchanged"),
         }
-        self.metrics.observe(outcome, started.elapsed().as_secs_f64());
-        review::respond(&request, decision)
     }
 
-    async fn decide(&self, request: &AdmissionRequest<Pod>) -> (Outcome, Decision) {
-        let unchanged = || (Outcome::Unchanged, Decision::Allow { patch: Vec::new(), warnings: Vec::new() });
-        let Some(pod) = request.object.as_ref().filter(|_| review::is_pod_create(request)) else {
+    /// Logs and counts the decision and answers with it.
+    fn finish<K: kube::Resource>(
+        &self,
+        kind: &str,
+        request: &AdmissionRequest<K>,
+        (outcome, decision): (Outcome, Decision),
+        started: Instant,
+    ) -> AdmissionReview<DynamicObject> {
+        let name = request.name.as_str();
+        let namespace = request.namespace.as_deref().unwrap_or_default();
+        match &decision {
+            Decision::Deny { message } => tracing::info!(kind, namespace, name, ?outcome, message, "denied"),
+            Decision::Allow { patch, .. } if !patch.is_empty() => {
+                tracing::info!(kind, namespace, name, operations = patch.len(), dry_run = request.dry_run, "converted");
+            }
+            Decision::Allow { .. } => tracing::debug!(kind, namespace, name, "left unchanged"),
+        }
+        self.metrics.observe(outcome, started.elapsed().as_secs_f64());
+        review::respond(request, decision)
+    }
+
+    async fn decide_pod(&self, request: &AdmissionRequest<Pod>) -> (Outcome, Decision) {
+        let Some(pod) = request.object.as_ref().filter(|_| review::is_create(request)) else {
             return unchanged();
         };
         // Only pods with HAMi resources are sent, but a hand-made registration may send others:
@@ -149,18 +188,70 @@ impl<C: Cluster> Admitter<C> {
                 return (Outcome::Denied, Decision::Deny { message: e.to_string() });
             }
         };
-        if !conversion.changed() {
+        let namespace = request.namespace.as_deref().or(pod.metadata.namespace.as_deref());
+        self.create_and_allow(request.dry_run, namespace, conversion.templates, conversion.patch, conversion.warnings).await
+    }
+
+    async fn decide_job(&self, request: &AdmissionRequest<DynamicObject>) -> (Outcome, Decision) {
+        let Some(job) = request.object.as_ref().filter(|_| review::is_create(request)) else {
+            return unchanged();
+        };
+        let Ok(job_json) = serde_json::to_value(job) else { return unchanged() };
+        if !job_asks_for_own_resources(&job_json, &self.settings) {
+            return unchanged();
+        }
+        let facts = match self.cluster.class_facts().await {
+            Ok(f) => f,
+            Err(e) => return (Outcome::Error, error_decision(&e)),
+        };
+        let conversion = match convert_volcano_job(&job_json, &self.settings, &facts) {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.denied(e.reason());
+                return (Outcome::Denied, Decision::Deny { message: e.to_string() });
+            }
+        };
+        let namespace = request.namespace.as_deref().or(job.metadata.namespace.as_deref());
+        self.create_and_allow(request.dry_run, namespace, conversion.templates, conversion.patch, conversion.warnings).await
+    }
+
+    /// Creates the templates a conversion references (none on a dry run) and admits with its
+    /// patch; a conversion that changes nothing is admitted as is.
+    async fn create_and_allow(
+        &self,
+        dry_run: bool,
+        namespace: Option<&str>,
+        templates: Vec<ResourceClaimTemplate>,
+        patch: Vec<serde_json::Value>,
+        warnings: Vec<String>,
+    ) -> (Outcome, Decision) {
+        if patch.is_empty() {
             return unchanged();
         }
         // A dry run must not leave templates behind (sideEffects: NoneOnDryRun).
-        if !request.dry_run {
-            let namespace = request.namespace.as_deref().or(pod.metadata.namespace.as_deref()).unwrap_or("default");
-            if let Err(e) = self.cluster.create_templates(namespace, &conversion.templates).await {
-                return (Outcome::Error, error_decision(&e));
-            }
+        if !dry_run && let Err(e) = self.cluster.create_templates(namespace.unwrap_or("default"), &templates).await {
+            return (Outcome::Error, error_decision(&e));
         }
-        (Outcome::Converted, Decision::Allow { patch: conversion.patch, warnings: conversion.warnings })
+        (Outcome::Converted, Decision::Allow { patch, warnings })
     }
+}
+
+fn unchanged() -> (Outcome, Decision) {
+    (Outcome::Unchanged, Decision::Allow { patch: Vec::new(), warnings: Vec::new() })
+}
+
+/// Whether any task's pod template names one of `settings`' resources.
+fn job_asks_for_own_resources(job: &serde_json::Value, settings: &CompatSettings) -> bool {
+    let tasks = job.pointer("/spec/tasks").and_then(serde_json::Value::as_array);
+    tasks.into_iter().flatten().filter_map(|t| t.pointer("/template/spec")).any(|spec| {
+        ["initContainers", "containers"]
+            .iter()
+            .filter_map(|field| spec.get(field).and_then(serde_json::Value::as_array))
+            .flatten()
+            .filter_map(|c| c.get("resources"))
+            .flat_map(|r| ["limits", "requests"].into_iter().filter_map(|f| r.get(f).and_then(serde_json::Value::as_object)))
+            .any(|m| m.keys().any(|k| settings.is_own_resource(k)))
+    })
 }
 
 /// Whether any container or init container names one of `settings`' resources.
@@ -200,7 +291,15 @@ pub struct KubeCluster {
     timeout: Duration,
     cache_for: Duration,
     cache: Arc<Mutex<Option<(Instant, ClassFacts)>>>,
+    /// Templates known to exist, by namespace and name, with when that was last confirmed.
+    known: Arc<std::sync::Mutex<HashMap<(String, String), Instant>>>,
 }
+
+/// How long a template confirmed to exist is not asked for again: pods of one shape arrive in
+/// bursts (a Deployment, a Job), and one create per shape and minute keeps admissions off the
+/// API server. Templates are never rewritten (their name is their content), so the only risk is
+/// one deleted by hand, which the next minute's create brings back.
+const KNOWN_TEMPLATE_FOR: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for KubeCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -211,7 +310,18 @@ impl std::fmt::Debug for KubeCluster {
 impl KubeCluster {
     /// A cluster reading slices of `driver` through `client`.
     pub fn new(client: kube::Client, driver: &str, timeout: Duration, cache_for: Duration) -> Self {
-        Self { client, driver: driver.to_owned(), timeout, cache_for, cache: Arc::default() }
+        Self { client, driver: driver.to_owned(), timeout, cache_for, cache: Arc::default(), known: Arc::default() }
+    }
+
+    /// The known-templates map; a poisoned lock only means a panicking admission, and the map
+    /// holds nothing that panic could leave half-written.
+    fn known_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
+        let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Bounded by the shapes in use: forget the stale ones as we go.
+        if known.len() > 4096 {
+            known.retain(|_, at| at.elapsed() < KNOWN_TEMPLATE_FOR);
+        }
+        known
     }
 
     async fn list_facts(&self) -> Result<ClassFacts, AdmitError> {
@@ -255,14 +365,23 @@ impl Cluster for KubeCluster {
         let params = PostParams { dry_run: false, field_manager: Some(MANAGER.to_owned()) };
         for template in templates {
             let name = template.metadata.name.clone().unwrap_or_default();
+            let key = (namespace.to_owned(), name.clone());
+            if self.known_lock().get(&key).is_some_and(|at| at.elapsed() < KNOWN_TEMPLATE_FOR) {
+                continue;
+            }
             let mut template = template.clone();
             template.metadata.namespace = Some(namespace.to_owned());
             let what = || format!("creating ResourceClaimTemplate {namespace}/{name}");
             match tokio::time::timeout(self.timeout, api.create(&params, &template)).await {
                 Err(_) => return Err(AdmitError::Timeout { what: what(), timeout: self.timeout }),
-                Ok(Ok(_)) => tracing::info!(namespace, template = name, "ResourceClaimTemplate created"),
+                Ok(Ok(_)) => {
+                    tracing::info!(namespace, template = name, "ResourceClaimTemplate created");
+                    self.known_lock().insert(key, Instant::now());
+                }
                 // Same name = same content: another admission made it first.
-                Ok(Err(kube::Error::Api(s))) if s.code == 409 => {}
+                Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                    self.known_lock().insert(key, Instant::now());
+                }
                 Ok(Err(source)) => {
                     return Err(AdmitError::CreateTemplate { namespace: namespace.to_owned(), name, source });
                 }

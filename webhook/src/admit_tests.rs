@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use vgpu_scheduling::compat::CardModel;
 
 use super::*;
-use crate::review::tests::pod_review;
+use crate::review::tests::{job_review, pod_review};
 
 #[derive(Debug, Default)]
 struct FakeCluster {
@@ -133,5 +133,50 @@ async fn a_slow_cluster_is_a_refusal_within_the_deadline() {
     let review = admitter.review(&pod_review(smoke_pod(json!({"nvidia.com/gpu": 1}), false), false)).await;
     let r = response(&review);
     assert!(!r.allowed);
-    assert_eq!(r.result.message, "vgpu-dra webhook: admitting the pod: no answer from the API server within 9s; try again");
+    assert_eq!(r.result.message, "vgpu-dra webhook: admitting the Pod: no answer from the API server within 9s; try again");
+}
+
+/// A Volcano Job of two tasks, one asking `limits`, as the API server sends it.
+fn volcano_job(limits: Value) -> Value {
+    json!({
+        "apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+        "metadata": {"name": "gang"},
+        "spec": {"minAvailable": 2, "schedulerName": "volcano", "tasks": [
+            {"name": "ps", "replicas": 1, "template": {"spec": {"containers": [{"name": "ps", "image": "busybox"}]}}},
+            {"name": "worker", "replicas": 2, "template": {"spec": {"containers": [
+                {"name": "cuda", "image": "nvidia/cuda", "resources": {"limits": limits}}
+            ]}}},
+        ]}
+    })
+}
+
+#[tokio::test]
+async fn a_volcano_job_gets_templates_and_a_patch_on_its_task() {
+    let cluster = Arc::new(FakeCluster::default());
+    let a = admitter(&cluster);
+    let review = a.review_job(&job_review(volcano_job(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000})), false)).await;
+    let r = response(&review);
+    assert!(r.allowed, "{r:?}");
+    let patch: Vec<Value> = serde_json::from_slice(r.patch.as_ref().unwrap()).unwrap();
+    assert!(patch.iter().all(|op| op["path"].as_str().unwrap().starts_with("/spec/tasks/1/template/spec/")), "{patch:?}");
+    let created = cluster.created.lock().unwrap();
+    assert_eq!(created.len(), 1);
+    assert_eq!(created[0].0, "team-a");
+    assert_eq!(a.metrics.admissions(Outcome::Converted), 1);
+}
+
+#[tokio::test]
+async fn a_bad_volcano_job_is_denied_naming_the_task_and_a_plain_one_passes() {
+    let cluster = Arc::new(FakeCluster::default());
+    let a = admitter(&cluster);
+    let review = a.review_job(&job_review(volcano_job(json!({"nvidia.com/gpu": "1.5"})), false)).await;
+    let r = response(&review);
+    assert!(!r.allowed);
+    assert!(r.result.message.starts_with("task \"worker\": container \"cuda\": nvidia.com/gpu"), "{}", r.result.message);
+    let review = a.review_job(&job_review(volcano_job(json!({"cpu": "1"})), false)).await;
+    assert!(response(&review).allowed && response(&review).patch.is_none());
+    assert!(cluster.created.lock().unwrap().is_empty());
+    // A pod review sent to the Job endpoint is not a Job: no task, nothing changes.
+    let review = a.review_job(&pod_review(smoke_pod(json!({"nvidia.com/gpu": 1}), false), false)).await;
+    assert!(response(&review).allowed && response(&review).patch.is_none());
 }

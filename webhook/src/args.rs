@@ -19,6 +19,21 @@ pub struct WebhookArgs {
     /// Secret holding the webhook's CA and serving certificate.
     #[arg(long, env = "VGPU_DRA_WEBHOOK_SECRET", default_value = "vgpu-dra-webhook-tls")]
     pub secret_name: String,
+    /// Where the certificate comes from: `self-signed` (a CA made here, kept and renewed in
+    /// `--secret-name`) or `secret` (`--secret-name` is written by cert-manager or another
+    /// issuer with `ca.crt`, `tls.crt` and `tls.key`, and never written here).
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_CERT_SOURCE", value_enum, default_value_t = CertificateSource::SelfSigned)]
+    pub certificate_source: CertificateSource,
+    /// Days a self-signed CA and serving certificate are valid (1-3650); they are renewed when
+    /// a third is left.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_CERT_VALIDITY_DAYS", default_value_t = 365,
+          value_parser = clap::value_parser!(u32).range(1..=3650))]
+    pub certificate_validity_days: u32,
+    /// Seconds between re-reads of the certificate Secret (at least 1): a changed one is
+    /// registered and served without a restart; a self-signed one due for renewal is renewed.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_CERT_CHECK_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub certificate_check_seconds: u64,
     /// Name of the MutatingWebhookConfiguration (and of its webhook, with a `.vgpu-dra.io` suffix
     /// where it has no dot).
     #[arg(long, env = "VGPU_DRA_WEBHOOK_NAME", default_value = "vgpu-dra-webhook")]
@@ -42,9 +57,35 @@ pub struct WebhookArgs {
     /// `timeoutSeconds` of the webhook registration (1-30).
     #[arg(long, env = "VGPU_DRA_WEBHOOK_TIMEOUT", default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..=30))]
     pub timeout_seconds: i32,
+    /// Namespaces whose pods and Jobs are never sent to the webhook (comma-separated); the
+    /// webhook's own namespace is always added, so it can restart whatever happens.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_EXCLUDED_NAMESPACES", value_delimiter = ',', default_value = "kube-system", value_parser = parse_namespace)]
+    pub excluded_namespaces: Vec<String>,
+    /// ClusterRole that owns the webhook configuration, so deleting it (helm uninstall) deletes
+    /// the configuration; none when absent.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_OWNER_CLUSTER_ROLE")]
+    pub owner_cluster_role: Option<String>,
+    /// Also convert Volcano Jobs (`batch.volcano.sh/v1alpha1`) at admission.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_VOLCANO_JOBS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub volcano_jobs: bool,
     /// Address of the plain-HTTP metrics and health endpoint; none when absent.
     #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
+}
+
+/// A namespace name as the API would accept it, so a typo is refused at start rather than
+/// silently excluding nothing.
+fn parse_namespace(value: &str) -> Result<String, String> {
+    vgpu_scheduling::Namespace::new(value.trim()).map(|n| n.as_str().to_owned()).map_err(|e| e.to_string())
+}
+
+/// Where the webhook's certificate comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CertificateSource {
+    /// A CA made by the webhook, kept and renewed in the Secret.
+    SelfSigned,
+    /// A Secret written by someone else (cert-manager), read and reloaded only.
+    Secret,
 }
 
 /// A command line of only these flags, for tests of this crate.
@@ -71,5 +112,41 @@ mod tests {
         assert!(Cli::try_parse_from(["x", "--namespace=vgpu"]).is_err());
         assert!(Cli::try_parse_from(["x", "--namespace=vgpu", "--url", "https://a/", "--service-name", "s"]).is_err());
         assert!(Cli::try_parse_from(["x", "--namespace=vgpu", "--service-name", "s", "--timeout-seconds", "31"]).is_err());
+    }
+
+    #[test]
+    fn certificate_flags_have_defaults_and_bounds() {
+        let base = ["x", "--namespace=vgpu", "--service-name=s"];
+        let parse = |extra: &[&str]| Cli::try_parse_from(base.iter().chain(extra)).map(|c| c.args);
+        let default = parse(&[]).unwrap();
+        assert_eq!(default.certificate_source, CertificateSource::SelfSigned);
+        assert_eq!((default.certificate_validity_days, default.certificate_check_seconds), (365, 300));
+        let set =
+            parse(&["--certificate-source=secret", "--certificate-validity-days=1", "--certificate-check-seconds=1"]).unwrap();
+        assert_eq!(set.certificate_source, CertificateSource::Secret);
+        assert_eq!((set.certificate_validity_days, set.certificate_check_seconds), (1, 1));
+        assert_eq!(parse(&["--certificate-validity-days=3650"]).unwrap().certificate_validity_days, 3650);
+        for bad in [
+            "--certificate-validity-days=0",
+            "--certificate-validity-days=3651",
+            "--certificate-check-seconds=0",
+            "--certificate-source=cert-manager",
+        ] {
+            assert!(parse(&[bad]).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn excluded_namespaces_are_a_checked_list() {
+        let base = ["x", "--namespace=vgpu", "--service-name=s"];
+        let default = Cli::try_parse_from(base).unwrap();
+        assert_eq!(default.args.excluded_namespaces, ["kube-system"]);
+        assert!(default.args.volcano_jobs);
+        let set = Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,monitoring", "--volcano-jobs=false"]].concat())
+            .unwrap();
+        assert_eq!(set.args.excluded_namespaces, ["kube-system", "monitoring"]);
+        assert!(!set.args.volcano_jobs);
+        let err = Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,Bad_NS"]].concat()).unwrap_err();
+        assert!(err.to_string().contains("Bad_NS"), "{err}");
     }
 }

@@ -6,14 +6,16 @@
 //! patch. The resource claim controller then makes one claim per pod, owned by the pod.
 //!
 //! What it does: AdmissionReview in and out ([`review`]), the cluster side of an admission
-//! ([`admit`]), its own CA and serving certificate kept in a Secret ([`tls`]), the
-//! MutatingWebhookConfiguration with `matchConditions` so only such pods are sent
-//! ([`registration`]), HTTPS serving ([`server`]) and metrics ([`metrics`]).
+//! ([`admit`]), its serving certificate kept in a Secret, self-signed with finite validity and
+//! renewed before expiry or written by cert-manager ([`tls`]), reloaded without a restart
+//! ([`certs`]), the MutatingWebhookConfiguration with `matchConditions` so only such pods are
+//! sent ([`registration`]), HTTPS serving ([`server`]) and metrics ([`metrics`]).
 //! What it does not do: the conversion rules (they live in the scheduling crate, shared with the
-//! node daemon), and certificate rotation (the certificate is valid until 4096).
+//! node daemon).
 
 pub mod admit;
 pub mod args;
+pub mod certs;
 pub mod metrics;
 pub mod registration;
 pub mod review;

@@ -1,17 +1,25 @@
 //! AdmissionReview in and out: parse the API server's request, answer with a patch, a denial or
-//! nothing. Pure: no I/O.
+//! nothing. Pure: no I/O. Generic over the admitted kind: Pods are read typed, Volcano Jobs as
+//! [`DynamicObject`]s (no Rust type of Volcano's is needed to rewrite their task templates).
 
-use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// Why a review could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
-    /// The body is not an AdmissionReview of a Pod.
-    #[error("the body is not an admission.k8s.io/v1 AdmissionReview of a Pod")]
-    Parse(#[source] serde_json::Error),
+    /// The body is not an AdmissionReview of the kind this endpoint serves.
+    #[error("the body is not an admission.k8s.io/v1 AdmissionReview of a {kind}")]
+    Parse {
+        /// The kind the endpoint serves.
+        kind: &'static str,
+        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The review carries no request.
     #[error("the AdmissionReview carries no request")]
     NoRequest,
@@ -34,22 +42,23 @@ pub enum Decision {
     },
 }
 
-/// The pod admission request in `body`.
+/// The admission request for a `kind` (named in errors) in `body`.
 ///
 /// # Errors
 /// [`ReviewError`] when the body is not a review with a request.
-pub fn parse(body: &[u8]) -> Result<AdmissionRequest<Pod>, ReviewError> {
-    let review: AdmissionReview<Pod> = serde_json::from_slice(body).map_err(ReviewError::Parse)?;
+pub fn parse<K: Resource + DeserializeOwned>(body: &[u8], kind: &'static str) -> Result<AdmissionRequest<K>, ReviewError> {
+    let review: AdmissionReview<K> = serde_json::from_slice(body).map_err(|source| ReviewError::Parse { kind, source })?;
     review.try_into().map_err(|_| ReviewError::NoRequest)
 }
 
-/// Whether the request is one this webhook converts: a pod CREATE with an object.
-pub fn is_pod_create(request: &AdmissionRequest<Pod>) -> bool {
+/// Whether the request is one this webhook converts: a CREATE of the object itself (no
+/// subresource) that carries the object.
+pub fn is_create<K: Resource>(request: &AdmissionRequest<K>) -> bool {
     request.operation == Operation::Create && request.object.is_some() && request.sub_resource.is_none()
 }
 
 /// The review answering `request` with `decision`.
-pub fn respond(request: &AdmissionRequest<Pod>, decision: Decision) -> AdmissionReview<DynamicObject> {
+pub fn respond<K: Resource>(request: &AdmissionRequest<K>, decision: Decision) -> AdmissionReview<DynamicObject> {
     let response = AdmissionResponse::from(request);
     let response = match decision {
         Decision::Deny { message } => {
@@ -91,26 +100,38 @@ pub fn invalid(error: &ReviewError) -> AdmissionReview<DynamicObject> {
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
     use super::*;
 
     /// A review of a pod CREATE as the API server sends it.
     pub(crate) fn pod_review(pod: Value, dry_run: bool) -> Vec<u8> {
+        review_of(pod, ("", "v1", "Pod", "pods"), dry_run)
+    }
+
+    /// A review of a Volcano Job CREATE as the API server sends it.
+    pub(crate) fn job_review(job: Value, dry_run: bool) -> Vec<u8> {
+        review_of(job, ("batch.volcano.sh", "v1alpha1", "Job", "jobs"), dry_run)
+    }
+
+    fn review_of(object: Value, (group, version, kind, resource): (&str, &str, &str, &str), dry_run: bool) -> Vec<u8> {
+        let gvk = json!({"group": group, "version": version, "kind": kind});
+        let gvr = json!({"group": group, "version": version, "resource": resource});
         serde_json::to_vec(&json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
                 "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
-                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-                "name": pod["metadata"]["name"],
+                "kind": gvk,
+                "resource": gvr,
+                "requestKind": gvk,
+                "requestResource": gvr,
+                "name": object["metadata"]["name"],
                 "namespace": "team-a",
                 "operation": "CREATE",
                 "userInfo": {"username": "alice"},
-                "object": pod,
+                "object": object,
                 "dryRun": dry_run,
                 "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}
             }
@@ -122,8 +143,8 @@ pub(crate) mod tests {
     fn a_patch_travels_base64_with_its_type_and_the_uid() {
         let body =
             pod_review(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}), false);
-        let request = parse(&body).unwrap();
-        assert!(is_pod_create(&request));
+        let request = parse::<Pod>(&body, "Pod").unwrap();
+        assert!(is_create(&request));
         let patch = vec![json!({"op": "add", "path": "/spec/resourceClaims", "value": []})];
         let review = respond(&request, Decision::Allow { patch, warnings: vec!["w".into()] });
         let out = serde_json::to_value(&review).unwrap();
@@ -145,7 +166,7 @@ pub(crate) mod tests {
     fn a_denial_carries_the_message_and_no_patch() {
         let body =
             pod_review(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"containers": []}}), false);
-        let request = parse(&body).unwrap();
+        let request = parse::<Pod>(&body, "Pod").unwrap();
         let out = serde_json::to_value(respond(&request, Decision::Deny { message: "container \"c\": no".into() })).unwrap();
         assert_eq!(out["response"]["allowed"], false);
         assert_eq!(out["response"]["status"]["message"], "container \"c\": no");
@@ -155,9 +176,9 @@ pub(crate) mod tests {
 
     #[test]
     fn garbage_is_answered_invalid() {
-        let err = parse(b"{\"kind\": 3}").unwrap_err();
+        let err = parse::<Pod>(b"{\"kind\": 3}", "Pod").unwrap_err();
         let out = serde_json::to_value(invalid(&err)).unwrap();
         assert_eq!(out["response"]["allowed"], false);
-        assert!(out["response"]["status"]["message"].as_str().unwrap().contains("not an admission.k8s.io/v1"));
+        assert!(out["response"]["status"]["message"].as_str().unwrap().contains("not an admission.k8s.io/v1 AdmissionReview of a Pod"));
     }
 }

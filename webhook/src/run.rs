@@ -9,13 +9,15 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use vgpu_scheduling::compat::pod_match_condition;
+use vgpu_scheduling::compat::{job_match_condition, pod_match_condition};
 use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
 use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
 
 use crate::admit::{Admitter, KubeCluster};
+use crate::args::CertificateSource;
+use crate::certs::{CertSecret, Keeper, Mode, ServingCert};
 use crate::metrics::Metrics;
-use crate::registration::{Endpoint, Registration, RegistrationError};
+use crate::registration::{self, Endpoint, Registration, RegistrationError};
 use crate::tls::{self, TlsError};
 use crate::{WebhookArgs, server};
 
@@ -117,6 +119,16 @@ pub fn settings(args: &WebhookArgs) -> Result<CompatSettings, RunError> {
     Ok(settings)
 }
 
+/// Where the certificate comes from, for the serving `names`.
+fn cert_mode(args: &WebhookArgs, names: Vec<String>) -> Mode {
+    match args.certificate_source {
+        CertificateSource::SelfSigned => {
+            Mode::SelfSigned { names, validity: Duration::from_secs(u64::from(args.certificate_validity_days) * 86_400) }
+        }
+        CertificateSource::Secret => Mode::External { names },
+    }
+}
+
 fn endpoint(args: &WebhookArgs) -> Result<Endpoint, RunError> {
     match (&args.url, &args.service_name) {
         (Some(url), _) => {
@@ -159,9 +171,21 @@ async fn serve(
         Endpoint::Url(url) => tls::serving_names(url.parse::<http::Uri>().ok().as_ref().and_then(http::Uri::host), None),
         Endpoint::Service { name, namespace } => tls::serving_names(None, Some((name, namespace))),
     };
-    let bundle = tls::ensure_secret(client.clone(), &args.namespace, &args.secret_name, &names, API_TIMEOUT).await?;
-    let tls_config = bundle.server_config()?;
+    // Made before the certificate: waiting for an external Secret stops on a signal.
+    let cancel = CancellationToken::new();
+    tokio::spawn(watch_signals(cancel.clone()));
+    let secret = CertSecret::new(client.clone(), &args.namespace, &args.secret_name, cert_mode(args, names), API_TIMEOUT);
+    let Some(bundle) = secret.initial(&cancel).await? else {
+        tracing::info!("stopped while waiting for the certificate Secret");
+        return Ok(());
+    };
+    let serving = ServingCert::new(bundle.certified_key()?);
+    let tls_config = serving.server_config();
 
+    let owner = match &args.owner_cluster_role {
+        Some(role) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
+        None => None,
+    };
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let cluster = KubeCluster::new(client.clone(), &settings.driver, API_TIMEOUT, SLICE_CACHE);
@@ -170,7 +194,9 @@ async fn serve(
         endpoint,
         ca_bundle: bundle.ca_pem.clone(),
         match_condition: pod_match_condition(&settings),
-        excluded_namespaces: vec!["kube-system".to_owned(), args.namespace.clone()],
+        job_match_condition: args.volcano_jobs.then(|| job_match_condition(&settings)),
+        owner,
+        excluded_namespaces: excluded_namespaces(args),
         timeout_seconds: args.timeout_seconds,
     };
     // Answer a second before the API server gives up, so the client reads why.
@@ -179,22 +205,31 @@ async fn serve(
         .max(Duration::from_millis(500));
     let admitter = Arc::new(Admitter::new(settings, cluster, metrics).with_deadline(deadline));
 
-    let cancel = CancellationToken::new();
-    tokio::spawn(watch_signals(cancel.clone()));
     let https = tokio::spawn(server::serve_tls(listener, tls_config, server::admission_router(admitter), cancel.clone()));
     let metrics_server = metrics_listener.map(|l| {
         tracing::info!(address = ?l.local_addr().ok(), "serving metrics");
         tokio::spawn(server::serve_plain(l, server::metrics_router(Arc::new(registry)), cancel.clone()))
     });
     // Registered once the listener accepts, so the API server's first call finds it.
-    if let Err(e) = registration.apply(client, API_TIMEOUT).await {
+    if let Err(e) = registration.apply(client.clone(), API_TIMEOUT).await {
         cancel.cancel();
         return Err(e.into());
     }
     tracing::info!(address = %args.listen, webhook = registration.webhook_name(), "admission webhook serving");
+    // A changed Secret is registered (the same configuration with its ca.crt) before it is served.
+    let register = move |ca_bundle: String| {
+        let (registration, client) = (Registration { ca_bundle, ..registration.clone() }, client.clone());
+        async move { registration.apply(client, API_TIMEOUT).await }
+    };
+    let keeper = Keeper::new(secret, serving, bundle, register);
+    let every = Duration::from_secs(args.certificate_check_seconds);
+    let certificate_checks = tokio::spawn(keeper.run(every, cancel.clone()));
 
     let https_done = https.await;
     cancel.cancel();
+    if let Err(e) = certificate_checks.await {
+        tracing::error!(error = %e, "the certificate check task failed");
+    }
     if let Err(e) = https_done {
         tracing::error!(error = %e, "the HTTPS server task failed");
     }
@@ -206,6 +241,15 @@ async fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The configured namespaces plus the webhook's own, each once.
+fn excluded_namespaces(args: &WebhookArgs) -> Vec<String> {
+    let mut names = args.excluded_namespaces.clone();
+    names.push(args.namespace.clone());
+    names.sort();
+    names.dedup();
+    names
 }
 
 async fn watch_signals(cancel: CancellationToken) {

@@ -19,20 +19,31 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::admit::{Admitter, Cluster};
-use crate::registration::PODS_PATH;
+use crate::registration::{JOBS_PATH, PODS_PATH};
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections in flight get to finish after cancellation.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The admission routes: `POST /mutate-pods` and `GET /healthz`.
+/// The admission routes: `POST /mutate-pods`, `POST /mutate-volcano-jobs` and `GET /healthz`.
 pub fn admission_router<C: Cluster>(admitter: Arc<Admitter<C>>) -> Router {
-    Router::new().route(PODS_PATH, post(mutate::<C>)).route("/healthz", get(|| async { "ok" })).with_state(admitter)
+    Router::new()
+        .route(PODS_PATH, post(mutate_pod::<C>))
+        .route(JOBS_PATH, post(mutate_job::<C>))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(admitter)
 }
 
-async fn mutate<C: Cluster>(State(admitter): State<Arc<Admitter<C>>>, body: Bytes) -> impl IntoResponse {
-    let review = admitter.review(&body).await;
+async fn mutate_pod<C: Cluster>(State(admitter): State<Arc<Admitter<C>>>, body: Bytes) -> axum::response::Response {
+    reply(&admitter.review(&body).await)
+}
+
+async fn mutate_job<C: Cluster>(State(admitter): State<Arc<Admitter<C>>>, body: Bytes) -> axum::response::Response {
+    reply(&admitter.review_job(&body).await)
+}
+
+fn reply(review: &kube::core::admission::AdmissionReview<kube::core::DynamicObject>) -> axum::response::Response {
     // axum's json feature is off in the workspace; the body is small and serialized once.
     match serde_json::to_vec(&review) {
         Ok(bytes) => ([(http::header::CONTENT_TYPE, "application/json")], bytes).into_response(),

@@ -1,27 +1,35 @@
-//! The webhook's own TLS: a self-made CA and a serving certificate signed by it, kept in a Secret
-//! so every replica serves the same certificate and the registration's `caBundle` stays valid.
-//! No cert-manager needed.
+//! The webhook's certificates: a CA and a serving certificate made here (finite validity, renewed
+//! when a third is left), or read from a Secret another issuer wrote; what a Secret holds and
+//! whether it must be replaced. Pure logic: [`crate::certs`] reads and writes the Secret, serves
+//! the certificate and reloads it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::sign::CertifiedKey;
 
-/// Secret key of the CA certificate (PEM).
+/// Secret key of the CA certificates (PEM; the newest first).
 pub const CA_KEY: &str = "ca.crt";
 /// Secret key of the serving certificate (PEM).
 pub const CERT_KEY: &str = "tls.crt";
 /// Secret key of the serving certificate's private key (PEM).
 pub const KEY_KEY: &str = "tls.key";
+
+/// How far back certificates are dated, so an API server whose clock is behind ours accepts them.
+const CLOCK_SKEW: Duration = Duration::from_secs(3600);
+/// At most this many earlier CAs are kept in `ca.crt`: renewals come at two thirds of the
+/// validity, so normally one earlier CA is still valid; the bound only stops a renewal loop
+/// (replicas disagreeing on the names) from growing the Secret.
+const MAX_EARLIER_CAS: usize = 4;
 
 /// Errors of certificate creation, storage and loading.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +48,7 @@ pub enum TlsError {
         #[source]
         source: kube::Error,
     },
-    /// Reading back the Secret another replica made failed.
+    /// Reading the Secret failed.
     #[error("reading Secret {namespace}/{name}")]
     Read {
         /// Namespace.
@@ -63,23 +71,157 @@ pub enum TlsError {
         /// The timeout.
         timeout: Duration,
     },
+    /// The Secret does not exist (an external one was deleted, or the one written is gone).
+    #[error("Secret {namespace}/{name} does not exist")]
+    Missing {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
     /// The Secret lacks a key or holds no valid PEM under it.
     #[error("Secret {name}: {key} is missing or not valid PEM")]
     BadSecret {
-        /// Name.
+        /// `namespace/name`.
         name: String,
         /// The key.
         key: &'static str,
     },
-    /// rustls refused the certificate and key.
-    #[error("building the TLS server configuration")]
-    Config(#[source] rustls::Error),
+    /// rustls refused the private key, or it does not match the serving certificate.
+    #[error("loading the serving certificate's key")]
+    Key(#[source] rustls::Error),
 }
 
-/// A CA and a serving certificate signed by it, PEM-encoded.
+/// When a certificate is valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    /// Its `notBefore`.
+    pub not_before: SystemTime,
+    /// Its `notAfter`.
+    pub not_after: SystemTime,
+}
+
+impl Validity {
+    /// The validity written in a DER certificate; `None` when it does not parse.
+    pub fn of(der: &[u8]) -> Option<Self> {
+        let (SEQUENCE, certificate, _) = tlv(der)? else { return None };
+        let (SEQUENCE, tbs, _) = tlv(certificate)? else { return None };
+        // tbsCertificate: [0] version (optional), serialNumber, signature, issuer, validity, ...
+        let (tag, _, mut rest) = tlv(tbs)?;
+        if tag == VERSION {
+            rest = tlv(rest)?.2; // the serial number
+        }
+        rest = tlv(rest)?.2; // signature algorithm
+        rest = tlv(rest)?.2; // issuer
+        let (SEQUENCE, validity, _) = tlv(rest)? else { return None };
+        let (before_tag, before, rest) = tlv(validity)?;
+        let (after_tag, after, _) = tlv(rest)?;
+        Some(Self { not_before: asn1_time(before_tag, before)?, not_after: asn1_time(after_tag, after)? })
+    }
+
+    /// Whether less than a third of the validity is left at `now` (or it is over).
+    pub fn renewal_due(&self, now: SystemTime) -> bool {
+        let span = self.not_after.duration_since(self.not_before).unwrap_or_default();
+        let left = self.not_after.duration_since(now).unwrap_or_default();
+        left < span / 3
+    }
+}
+
+const SEQUENCE: u8 = 0x30;
+const VERSION: u8 = 0xa0;
+const UTC_TIME: u8 = 0x17;
+const GENERALIZED_TIME: u8 = 0x18;
+
+/// One DER element: its tag, its content and what follows it.
+fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        // Long form: the low bits count the length bytes that follow.
+        let count = usize::from(first & 0x7f);
+        if count == 0 || count > 4 || rest.len() < count {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at(count);
+        (bytes.iter().fold(0usize, |len, b| (len << 8) | usize::from(*b)), rest)
+    };
+    (rest.len() >= len).then(|| {
+        let (content, rest) = rest.split_at(len);
+        (tag, content, rest)
+    })
+}
+
+/// An X.509 time: UTCTime `YYMMDDHHMMSSZ` (years 1950-2049) or GeneralizedTime `YYYYMMDDHHMMSSZ`.
+fn asn1_time(tag: u8, content: &[u8]) -> Option<SystemTime> {
+    let text = std::str::from_utf8(content).ok()?.strip_suffix('Z')?;
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();
+    let (year, at) = match (tag, text.len()) {
+        (UTC_TIME, 12) => (number(0..2).map(|y| if y >= 50 { 1900 + y } else { 2000 + y })?, 2),
+        (GENERALIZED_TIME, 14) => (number(0..4)?, 4),
+        _ => return None,
+    };
+    let field = |i: usize| number(at + 2 * i..at + 2 * i + 2);
+    let (month, day, hour, minute, second) = (field(0)?, field(1)?, field(2)?, field(3)?, field(4)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 59 {
+        return None;
+    }
+    let seconds = days_since_epoch(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second;
+    let offset = Duration::from_secs(seconds.unsigned_abs());
+    if seconds >= 0 { UNIX_EPOCH.checked_add(offset) } else { UNIX_EPOCH.checked_sub(offset) }
+}
+
+/// Days from 1970-01-01 to the given date of the proleptic Gregorian calendar.
+fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
+    // Count years from March, so the leap day is the last day of its year, in 400-year cycles
+    // of 146097 days; 719468 is the number of days from 0000-03-01 to 1970-01-01.
+    let year = if month <= 2 { year - 1 } else { year };
+    let cycle = year.div_euclid(400);
+    let year_of_cycle = year - cycle * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_cycle = year_of_cycle * 365 + year_of_cycle / 4 - year_of_cycle / 100 + day_of_year;
+    cycle * 146_097 + day_of_cycle - 719_468
+}
+
+/// The PEM blocks of certificates in `text`, each with its BEGIN and END lines.
+fn pem_certificates(text: &str) -> Vec<&str> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find(BEGIN) {
+        let Some(len) = rest[start..].find(END) else { break };
+        let end = start + len + END.len();
+        blocks.push(&rest[start..end]);
+        rest = &rest[end..];
+    }
+    blocks
+}
+
+/// The certificates of a PEM text, in order; `None` when one does not parse or there is none.
+fn der_certificates(text: &str) -> Option<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_slice_iter(text.as_bytes()).collect::<Result<Vec<_>, _>>().ok()?;
+    (!certs.is_empty()).then_some(certs)
+}
+
+/// Dates `params` from `now` less [`CLOCK_SKEW`] to `now` plus `validity`, in whole seconds.
+fn set_validity(params: &mut CertificateParams, now: SystemTime, validity: Duration) {
+    let since_epoch = |t: SystemTime| Duration::from_secs(t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs());
+    // rcgen's date type, reached through its own helper so this crate needs no `time` dependency.
+    let epoch = rcgen::date_time_ymd(1970, 1, 1);
+    params.not_before = epoch + since_epoch(now.checked_sub(CLOCK_SKEW).unwrap_or(UNIX_EPOCH));
+    params.not_after = epoch + since_epoch(now.checked_add(validity).unwrap_or(now));
+}
+
+/// CA certificates (PEM, the newest first), a serving certificate signed by one of them
+/// (followed by any intermediates) and its private key.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CertBundle {
-    /// The CA certificate: the registration's `caBundle`.
+    /// The CA certificates: the registration's `caBundle`.
     pub ca_pem: String,
     /// The serving certificate.
     pub cert_pem: String,
@@ -95,16 +237,28 @@ impl std::fmt::Debug for CertBundle {
 }
 
 impl CertBundle {
-    /// A new CA and a serving certificate for `names` (DNS names or IP addresses), signed by it.
+    /// A new CA and a serving certificate for `names` (DNS names or IP addresses), signed by it,
+    /// both valid for `validity` from now (and an hour before, for clocks behind ours).
     /// The CA's key is dropped: nothing else is ever signed with it.
     ///
     /// # Errors
     /// [`TlsError::Generate`] for a name that is neither a DNS name nor an IP address.
-    pub fn generate(names: &[String]) -> Result<Self, TlsError> {
+    pub fn generate(names: &[String], validity: Duration) -> Result<Self, TlsError> {
+        Self::generate_at(names, validity, SystemTime::now())
+    }
+
+    /// [`CertBundle::generate`] as if the time were `now`.
+    ///
+    /// # Errors
+    /// [`TlsError::Generate`] for a name that is neither a DNS name nor an IP address.
+    pub fn generate_at(names: &[String], validity: Duration, now: SystemTime) -> Result<Self, TlsError> {
         let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(TlsError::Generate)?;
-        ca.distinguished_name.push(DnType::CommonName, "vgpu-dra webhook CA");
+        // Each CA gets its own name: a `ca.crt` holds several while replicas switch.
+        let made = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        ca.distinguished_name.push(DnType::CommonName, format!("vgpu-dra webhook CA {made}"));
         ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
         ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        set_validity(&mut ca, now, validity);
         let ca_key = KeyPair::generate().map_err(TlsError::Generate)?;
         let ca_cert = ca.self_signed(&ca_key).map_err(TlsError::Generate)?;
         let issuer = Issuer::new(ca, ca_key);
@@ -114,9 +268,41 @@ impl CertBundle {
         leaf.distinguished_name.push(DnType::CommonName, common);
         leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        set_validity(&mut leaf, now, validity);
         let leaf_key = KeyPair::generate().map_err(TlsError::Generate)?;
         let leaf_cert = leaf.signed_by(&leaf_key, &issuer).map_err(TlsError::Generate)?;
         Ok(Self { ca_pem: ca_cert.pem(), cert_pem: leaf_cert.pem(), key_pem: leaf_key.serialize_pem() })
+    }
+
+    /// This bundle with the CAs of `earlier` (a former `ca.crt`) appended that are still valid at
+    /// `now` and not already here, so an API server given either `caBundle` trusts either
+    /// serving certificate. Expired and unreadable ones are dropped.
+    #[must_use]
+    pub fn with_earlier_cas(mut self, earlier: &str, now: SystemTime) -> Self {
+        let mut kept = pem_certificates(&self.ca_pem).into_iter().map(str::to_owned).collect::<Vec<_>>();
+        let still_valid = |block: &&str| {
+            CertificateDer::from_pem_slice(block.as_bytes())
+                .ok()
+                .and_then(|der| Validity::of(&der))
+                .is_some_and(|v| v.not_after > now)
+        };
+        for block in pem_certificates(earlier).into_iter().filter(still_valid).take(MAX_EARLIER_CAS) {
+            if !kept.iter().any(|k| k == block) {
+                kept.push(block.to_owned());
+            }
+        }
+        self.ca_pem = kept.iter().map(|block| format!("{block}\n")).collect();
+        self
+    }
+
+    /// The CA certificates in `ca.crt`, each as a PEM block, the newest first.
+    pub fn ca_certificates(&self) -> Vec<&str> {
+        pem_certificates(&self.ca_pem)
+    }
+
+    /// When the serving certificate is valid; `None` when it does not parse.
+    pub fn validity(&self) -> Option<Validity> {
+        Validity::of(der_certificates(&self.cert_pem)?.first()?)
     }
 
     /// The bundle as a Secret `namespace/name` of type `kubernetes.io/tls` plus `ca.crt`.
@@ -141,62 +327,82 @@ impl CertBundle {
     /// The bundle a Secret holds.
     ///
     /// # Errors
-    /// [`TlsError::BadSecret`] naming the first missing or unreadable key.
+    /// [`TlsError::BadSecret`] naming the Secret and the first missing or unreadable key.
     pub fn from_secret(secret: &Secret) -> Result<Self, TlsError> {
-        let name = secret.metadata.name.clone().unwrap_or_default();
+        let name = match (&secret.metadata.namespace, &secret.metadata.name) {
+            (Some(namespace), Some(name)) => format!("{namespace}/{name}"),
+            (_, name) => name.clone().unwrap_or_default(),
+        };
         let get = |key: &'static str| {
-            secret
-                .data
-                .as_ref()
-                .and_then(|d| d.get(key))
-                .and_then(|b| String::from_utf8(b.0.clone()).ok())
+            secret_text(secret, key)
                 .filter(|s| s.contains("-----BEGIN "))
                 .ok_or_else(|| TlsError::BadSecret { name: name.clone(), key })
         };
         Ok(Self { ca_pem: get(CA_KEY)?, cert_pem: get(CERT_KEY)?, key_pem: get(KEY_KEY)? })
     }
 
-    /// Whether the serving certificate chains to the CA and is valid now for every one of
-    /// `names`: a Secret left by an install with other names (or an expired one) is replaced.
+    /// Whether the serving certificate chains to one of the CAs and is valid now for every one
+    /// of `names`: a Secret left by an install with other names (or an expired one) is replaced.
     pub fn covers(&self, names: &[String]) -> bool {
-        let (Ok(ca), Ok(leaf)) =
-            (CertificateDer::from_pem_slice(self.ca_pem.as_bytes()), CertificateDer::from_pem_slice(self.cert_pem.as_bytes()))
-        else {
+        self.covers_at(names, SystemTime::now())
+    }
+
+    /// [`CertBundle::covers`] at `now`.
+    pub fn covers_at(&self, names: &[String], now: SystemTime) -> bool {
+        let (Some(cas), Some(chain)) = (der_certificates(&self.ca_pem), der_certificates(&self.cert_pem)) else {
             return false;
         };
         let mut roots = rustls::RootCertStore::empty();
-        if roots.add(ca).is_err() {
+        if cas.into_iter().any(|ca| roots.add(ca).is_err()) {
             return false;
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let Ok(verifier) = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build() else {
             return false;
         };
-        let now = UnixTime::now();
+        let Some((leaf, intermediates)) = chain.split_first() else { return false };
+        let now = UnixTime::since_unix_epoch(now.duration_since(UNIX_EPOCH).unwrap_or_default());
         names.iter().all(|name| {
-            ServerName::try_from(name.as_str()).is_ok_and(|n| verifier.verify_server_cert(&leaf, &[], &n, &[], now).is_ok())
+            ServerName::try_from(name.as_str())
+                .is_ok_and(|n| verifier.verify_server_cert(leaf, intermediates, &n, &[], now).is_ok())
         })
     }
 
-    /// A rustls server configuration serving this certificate over HTTP/1.1 on the process-wide
-    /// crypto provider.
+    /// Why this self-signed bundle must be replaced at `now`, or `None` to keep it: it does not
+    /// cover `names` or chain to its CA, less than a third of its validity is left, or it
+    /// outlives `validity` (an older install, or the flag lowered).
+    pub fn renewal_reason(&self, names: &[String], validity: Duration, now: SystemTime) -> Option<&'static str> {
+        if !self.covers_at(names, now) {
+            return Some("it does not cover the serving names, chain to the stored CA, or is not valid now");
+        }
+        let Some(valid) = self.validity() else { return Some("its validity does not parse") };
+        if valid.renewal_due(now) {
+            return Some("less than a third of its validity is left");
+        }
+        // The hour of slack absorbs clocks of replicas that differ a little.
+        if valid.not_after > now + validity + CLOCK_SKEW {
+            return Some("it is valid for longer than --certificate-validity-days");
+        }
+        None
+    }
+
+    /// The serving certificate (with any intermediates) and its key, as rustls serves them.
     ///
     /// # Errors
-    /// [`TlsError::BadSecret`] when the PEM does not parse, [`TlsError::Config`] when rustls
-    /// refuses the pair.
-    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    /// [`TlsError::BadSecret`] when the PEM does not parse, [`TlsError::Key`] when rustls
+    /// refuses the key or it does not match the certificate.
+    pub fn certified_key(&self) -> Result<Arc<CertifiedKey>, TlsError> {
         let bad = |key| TlsError::BadSecret { name: "(certificate bundle)".into(), key };
-        let certs =
-            CertificateDer::pem_slice_iter(self.cert_pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(|_| bad(CERT_KEY))?;
-        if certs.is_empty() {
-            return Err(bad(CERT_KEY));
-        }
+        let chain = der_certificates(&self.cert_pem).ok_or_else(|| bad(CERT_KEY))?;
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|_| bad(KEY_KEY))?;
-        let mut config =
-            rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key).map_err(TlsError::Config)?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(Arc::new(config))
+        let provider = rustls::crypto::ring::default_provider();
+        CertifiedKey::from_der(chain, key, &provider).map(Arc::new).map_err(TlsError::Key)
     }
+}
+
+/// The text under `key` of a Secret.
+pub(crate) fn secret_text(secret: &Secret, key: &str) -> Option<String> {
+    secret.data.as_ref().and_then(|d| d.get(key)).and_then(|b| String::from_utf8(b.0.clone()).ok())
 }
 
 /// The names the serving certificate is made for: the URL's host, or the Service's DNS names.
@@ -217,197 +423,6 @@ pub fn serving_names(url_host: Option<&str>, service: Option<(&str, &str)>) -> V
     names
 }
 
-/// The bundle in Secret `namespace/name`, made now if there is none or the one there does not
-/// cover `names`. Replicas racing here all end with the one Secret written first: a create or
-/// replace that loses the race reads the winner's back.
-///
-/// # Errors
-/// [`TlsError`] when generating, creating, replacing or reading back fails or times out.
-pub async fn ensure_secret(
-    client: kube::Client,
-    namespace: &str,
-    name: &str,
-    names: &[String],
-    timeout: Duration,
-) -> Result<CertBundle, TlsError> {
-    let api: Api<Secret> = Api::namespaced(client, namespace);
-    let at = SecretAt { api: &api, namespace, name, timeout };
-    let existing = at.read().await?;
-    let resource_version = match &existing {
-        Some(secret) => match CertBundle::from_secret(secret) {
-            Ok(bundle) if bundle.covers(names) => return Ok(bundle),
-            Ok(_) => {
-                tracing::info!(
-                    namespace,
-                    secret = name,
-                    ?names,
-                    "the stored certificate does not cover these names; replacing it"
-                );
-                secret.metadata.resource_version.clone()
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "replacing the unreadable certificate Secret");
-                secret.metadata.resource_version.clone()
-            }
-        },
-        None => None,
-    };
-    // Key generation is CPU work of a few milliseconds, fine on the runtime at startup.
-    let bundle = CertBundle::generate(names)?;
-    let mut secret = bundle.to_secret(namespace, name);
-    let written = if existing.is_some() {
-        // The resourceVersion makes a concurrent replace by another replica a conflict.
-        secret.metadata.resource_version = resource_version;
-        tokio::time::timeout(timeout, api.replace(name, &PostParams::default(), &secret)).await
-    } else {
-        tokio::time::timeout(timeout, api.create(&PostParams::default(), &secret)).await
-    };
-    match written.map_err(|_| at.timed_out("writing"))? {
-        Ok(_) => Ok(bundle),
-        Err(kube::Error::Api(s)) if s.code == 409 => match at.read().await? {
-            Some(secret) => CertBundle::from_secret(&secret),
-            None => Err(TlsError::BadSecret { name: name.to_owned(), key: CA_KEY }),
-        },
-        Err(source) => Err(TlsError::Create { namespace: namespace.to_owned(), name: name.to_owned(), source }),
-    }
-}
-
-/// The Secret's coordinates for reads with a timeout.
-struct SecretAt<'a> {
-    api: &'a Api<Secret>,
-    namespace: &'a str,
-    name: &'a str,
-    timeout: Duration,
-}
-
-impl SecretAt<'_> {
-    async fn read(&self) -> Result<Option<Secret>, TlsError> {
-        tokio::time::timeout(self.timeout, self.api.get_opt(self.name))
-            .await
-            .map_err(|_| self.timed_out("reading"))?
-            .map_err(|source| TlsError::Read { namespace: self.namespace.to_owned(), name: self.name.to_owned(), source })
-    }
-
-    fn timed_out(&self, what: &'static str) -> TlsError {
-        TlsError::Timeout { what, namespace: self.namespace.to_owned(), name: self.name.to_owned(), timeout: self.timeout }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    #[test]
-    fn generated_bundle_round_trips_through_a_secret_and_serves() {
-        crate::install_crypto_provider();
-        let names = serving_names(Some("127.0.0.1"), Some(("vgpu-dra-webhook", "vgpu")));
-        assert_eq!(names[1], "vgpu-dra-webhook.vgpu.svc");
-        let bundle = CertBundle::generate(&names).unwrap();
-        assert!(bundle.ca_pem.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert_ne!(bundle.ca_pem, bundle.cert_pem);
-        let secret = bundle.to_secret("vgpu", "tls");
-        assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/tls"));
-        assert_eq!(CertBundle::from_secret(&secret).unwrap(), bundle);
-        bundle.server_config().unwrap();
-        assert!(!format!("{bundle:?}").contains("PRIVATE KEY"));
-    }
-
-    #[test]
-    fn the_serving_certificate_covers_its_names_and_no_other() {
-        let names = serving_names(Some("[::1]"), Some(("wh", "ns")));
-        let bundle = CertBundle::generate(&names).unwrap();
-        assert!(bundle.covers(&names), "{names:?}");
-        assert!(!bundle.covers(&["other.ns.svc".into()]));
-        let other = CertBundle::generate(&names).unwrap();
-        let mixed = CertBundle { ca_pem: other.ca_pem, ..bundle };
-        assert!(!mixed.covers(&names), "a certificate of another CA");
-    }
-
-    #[test]
-    fn a_secret_without_the_key_is_refused_by_name() {
-        let mut secret = CertBundle::generate(&["x".into()]).unwrap().to_secret("n", "s");
-        secret.data.as_mut().unwrap().remove(KEY_KEY);
-        let err = CertBundle::from_secret(&secret).unwrap_err();
-        assert_eq!(err.to_string(), "Secret s: tls.key is missing or not valid PEM");
-    }
-
-    type Calls = Arc<std::sync::Mutex<Vec<String>>>;
-
-    /// An API server answering the `n`th call with `answer(method, n)`: a status code and
-    /// whether the body is `stored` (else a Status); `hang` never answers.
-    fn fake_api(stored: &CertBundle, hang: bool, answer: fn(&str, usize) -> (u16, bool)) -> (kube::Client, Calls) {
-        let calls = Calls::default();
-        let mut secret = stored.to_secret("ns", "tls");
-        secret.metadata.resource_version = Some("7".into());
-        let secret = serde_json::to_vec(&secret).unwrap();
-        let seen = Arc::clone(&calls);
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let (calls, secret) = (Arc::clone(&seen), secret.clone());
-            async move {
-                let (method, n) = {
-                    let mut calls = calls.lock().unwrap();
-                    calls.push(format!("{} {}", request.method(), request.uri().path()));
-                    (request.method().to_string(), calls.len() - 1)
-                };
-                if hang {
-                    std::future::pending::<()>().await;
-                }
-                let (code, stored) = answer(&method, n);
-                let body = if stored {
-                    secret
-                } else {
-                    let reason = if code == 404 { "NotFound" } else { "AlreadyExists" };
-                    serde_json::to_vec(&serde_json::json!({"kind": "Status", "code": code, "reason": reason})).unwrap()
-                };
-                let response = http::Response::builder().status(code).body(kube::client::Body::from(body)).unwrap();
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        });
-        (kube::Client::new(service, "default"), calls)
-    }
-
-    const SECRET: &str = "/api/v1/namespaces/ns/secrets/tls";
-
-    #[tokio::test]
-    async fn a_replica_that_loses_the_race_serves_the_winners_certificate() {
-        let names = vec!["wh.ns.svc".to_owned()];
-        let theirs = CertBundle::generate(&names).unwrap();
-        // Not there, then there when we create it: another replica won.
-        let (client, calls) = fake_api(&theirs, false, |method, n| match (method, n) {
-            ("GET", 0) => (404, false),
-            ("POST", _) => (409, false),
-            _ => (200, true),
-        });
-        let ours = ensure_secret(client, "ns", "tls", &names, Duration::from_secs(5)).await.unwrap();
-        assert_eq!(ours, theirs);
-        assert_eq!(
-            *calls.lock().unwrap(),
-            [format!("GET {SECRET}"), "POST /api/v1/namespaces/ns/secrets".into(), format!("GET {SECRET}")]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_stored_certificate_for_other_names_is_replaced() {
-        let old = CertBundle::generate(&["old.ns.svc".into()]).unwrap();
-        let (client, calls) = fake_api(&old, false, |_, _| (200, true));
-        let names = vec!["wh.ns.svc".to_owned()];
-        let new = ensure_secret(client, "ns", "tls", &names, Duration::from_secs(5)).await.unwrap();
-        assert!(new.covers(&names) && new != old);
-        assert_eq!(*calls.lock().unwrap(), [format!("GET {SECRET}"), format!("PUT {SECRET}")]);
-        // One that covers them is kept.
-        let (client, calls) = fake_api(&old, false, |_, _| (200, true));
-        let kept = ensure_secret(client, "ns", "tls", &["old.ns.svc".into()], Duration::from_secs(5)).await.unwrap();
-        assert_eq!(kept, old);
-        assert_eq!(calls.lock().unwrap().len(), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_silent_api_server_is_a_timeout_not_a_hang() {
-        let theirs = CertBundle::generate(&["x".into()]).unwrap();
-        let (client, _) = fake_api(&theirs, true, |_, _| (200, true));
-        let err = ensure_secret(client, "ns", "tls", &["x".into()], Duration::from_secs(5)).await.unwrap_err();
-        assert_eq!(err.to_string(), "reading Secret ns/tls: no answer from the API server within 5s");
-    }
-}
+#[path = "tls_tests.rs"]
+mod tests;

@@ -43,9 +43,9 @@ pub enum JobError {
     Task {
         /// The task's name (or `#<index>` when it has none).
         task: String,
-        /// Why.
+        /// Why (boxed: a Job's error travels far, a pod's is already large).
         #[source]
-        source: CompatError,
+        source: Box<CompatError>,
     },
     /// A task's `template` is not a pod template.
     #[error("task {task:?}: spec.tasks[{index}].template is not a pod template: {reason}")]
@@ -89,7 +89,7 @@ pub fn convert_volcano_job(job: &Value, settings: &CompatSettings, facts: &Class
         let annotations = template.metadata.and_then(|m| m.annotations).unwrap_or_default();
         let path = format!("/spec/tasks/{index}/template/spec");
         let converted = convert_pod_spec(&annotations, &spec, &path, settings, facts)
-            .map_err(|source| JobError::Task { task: name.clone(), source })?;
+            .map_err(|source| JobError::Task { task: name.clone(), source: Box::new(source) })?;
         patch.extend(converted.patch);
         warnings.extend(converted.warnings.into_iter().map(|w| format!("task {name:?}: {w}")));
         for t in converted.templates {

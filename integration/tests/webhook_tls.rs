@@ -1,0 +1,235 @@
+//! The webhook's certificates on the test bed. A Secret written by another issuer (as
+//! cert-manager writes it) is waited for, served and registered; replaced by one of another CA,
+//! it is registered and served within seconds, without a restart, and the real API server
+//! verifies the new certificate. A self-signed certificate lives as long as
+//! `--certificate-validity-days` says, checked with openssl rather than our own parser.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, driver_binary, eventually, free_port};
+
+mod common;
+
+use common::{Dirs, NODE, driver};
+
+/// The webhook's own namespace, where its Secret lives.
+const NAMESPACE: &str = "vgpu-dra";
+/// The Secret another issuer writes.
+const EXTERNAL_SECRET: &str = "webhook-tls";
+/// The Secret the webhook makes itself (the flag's default).
+const SELF_SIGNED_SECRET: &str = "vgpu-dra-webhook-tls";
+/// The configuration the webhook registers (the flag's default).
+const CONFIGURATION: &str = "vgpu-dra-webhook";
+
+/// A pod asking for one HAMi GPU.
+const POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata: {name: hami-gpu, namespace: default}
+spec:
+  containers:
+  - name: cuda
+    image: registry.invalid/none
+    resources:
+      limits: {nvidia.com/gpu: 1}
+"#;
+
+const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: hami-core-gpu.project-hami.io}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "hami-core-gpu.project-hami.io"
+"#;
+
+/// A webhook listening on `port` of loopback and registering that URL.
+fn start_webhook(plane: &ControlPlane, port: u16, extra: &[&str]) -> anyhow::Result<ManagedProcess> {
+    let mut args = vec![
+        "webhook".to_owned(),
+        format!("--url=https://127.0.0.1:{port}/mutate-pods"),
+        format!("--listen=127.0.0.1:{port}"),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--namespace={NAMESPACE}"),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    ManagedProcess::spawn("webhook", driver_binary()?, &args, plane.dir())
+}
+
+/// A CA and a serving certificate for 127.0.0.1 signed by it, PEM-encoded: what an issuer
+/// other than the webhook writes.
+struct Issued {
+    ca: String,
+    cert: String,
+    key: String,
+}
+
+fn issue(ca_name: &str) -> anyhow::Result<Issued> {
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(DnType::CommonName, ca_name);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    let ca_key = KeyPair::generate()?;
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca, ca_key);
+    let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
+    leaf.distinguished_name.push(DnType::CommonName, "vgpu-dra-webhook");
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let key = KeyPair::generate()?;
+    let cert = leaf.signed_by(&key, &issuer)?;
+    Ok(Issued { ca: ca_cert.pem(), cert: cert.pem(), key: key.serialize_pem() })
+}
+
+/// Writes `issued` as Secret [`EXTERNAL_SECRET`] of type `kubernetes.io/tls` with `ca.crt`, as
+/// cert-manager does; `verb` is `create` or `replace`.
+fn write_secret(plane: &ControlPlane, issued: &Issued, verb: &str) -> anyhow::Result<()> {
+    let dir = plane.dir().join(format!("issued-{verb}"));
+    std::fs::create_dir_all(&dir)?;
+    let mut args = vec!["create".to_owned(), "secret".to_owned(), "generic".to_owned(), EXTERNAL_SECRET.to_owned()];
+    for (key, text) in [("ca.crt", &issued.ca), ("tls.crt", &issued.cert), ("tls.key", &issued.key)] {
+        std::fs::write(dir.join(key), text)?;
+        args.push(format!("--from-file={key}={}", dir.join(key).display()));
+    }
+    args.extend(["--type=kubernetes.io/tls", "--dry-run=client", "-o", "json"].map(str::to_owned));
+    args.push(format!("--namespace={NAMESPACE}"));
+    let kubectl = plane.kubectl();
+    let manifest = kubectl.run(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+    kubectl.run_with_input(&[verb, "-f", "-"], Some(&manifest))?;
+    Ok(())
+}
+
+/// The decoded text under `key` of Secret `name`.
+fn secret_text(kubectl: &Kubectl, name: &str, key: &str) -> anyhow::Result<String> {
+    let template = format!(r#"go-template={{{{index .data "{key}" | base64decode}}}}"#);
+    kubectl.run(&["get", "secret", name, "-n", NAMESPACE, "-o", &template])
+}
+
+/// The registered `caBundle`, decoded.
+fn ca_bundle(kubectl: &Kubectl) -> anyhow::Result<String> {
+    let template = "go-template={{(index .webhooks 0).clientConfig.caBundle | base64decode}}";
+    kubectl.run(&["get", "mutatingwebhookconfiguration", CONFIGURATION, "-o", template])
+}
+
+/// Whether a server-side dry run of [`POD`] comes back converted: the API server called the
+/// webhook over TLS and trusted its certificate.
+fn converted(kubectl: &Kubectl, webhook: &mut ManagedProcess) -> anyhow::Result<Option<()>> {
+    webhook.check_running()?;
+    let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(POD))?;
+    let pod: Value = serde_json::from_str(&out)?;
+    Ok(pod["spec"]["resourceClaims"].is_array().then_some(()))
+}
+
+fn log_contains(process: &mut ManagedProcess, text: &str) -> anyhow::Result<Option<()>> {
+    process.check_running()?;
+    Ok(std::fs::read_to_string(process.log())?.contains(text).then_some(()))
+}
+
+#[test]
+fn a_secret_from_another_issuer_is_served_and_reloaded_without_a_restart() {
+    let plane = ControlPlane::start().expect("control plane");
+    if let Err(e) = external_scenario(&plane) {
+        panic!("{e:#}");
+    }
+}
+
+fn external_scenario(plane: &ControlPlane) -> anyhow::Result<()> {
+    plane.create_node(NODE)?;
+    let kubectl = plane.kubectl().clone();
+    kubectl.apply(DEVICE_CLASS)?;
+    kubectl.run(&["create", "namespace", NAMESPACE])?;
+    let dirs = Dirs::new(plane.dir());
+    let mut drv = driver(plane, &dirs, "driver");
+    eventually("the node's slices", Duration::from_secs(30), || {
+        let list = kubectl.get_json(&["resourceslices"])?;
+        Ok(list["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
+    })?;
+
+    let secret_flag = format!("--secret-name={EXTERNAL_SECRET}");
+    let flags = ["--certificate-source=secret", "--certificate-check-seconds=1", secret_flag.as_str()];
+    let mut webhook = start_webhook(plane, free_port()?, &flags)?;
+    // No Secret yet: it waits, saying for which, and registers nothing.
+    eventually("the webhook waiting for its Secret", Duration::from_secs(30), || {
+        log_contains(&mut webhook, "waiting for the certificate Secret")
+    })?;
+    let log = std::fs::read_to_string(webhook.log())?;
+    assert!(log.contains(&format!("secret={NAMESPACE}/{EXTERNAL_SECRET}")), "which Secret:\n{log}");
+    anyhow::ensure!(
+        kubectl.run(&["get", "mutatingwebhookconfiguration", CONFIGURATION]).is_err(),
+        "registered without a certificate"
+    );
+
+    let first = issue("first issuer CA")?;
+    write_secret(plane, &first, "create")?;
+    eventually("a pod converted through the first certificate", Duration::from_secs(60), || converted(&kubectl, &mut webhook))?;
+    assert_eq!(ca_bundle(&kubectl)?, first.ca);
+
+    // The issuer renews with another CA: within seconds the webhook registers it and serves the
+    // new certificate, which the API server verifies against that caBundle alone.
+    let second = issue("second issuer CA")?;
+    write_secret(plane, &second, "replace")?;
+    eventually("the second CA registered", Duration::from_secs(10), || Ok((ca_bundle(&kubectl)? == second.ca).then_some(())))?;
+    eventually("a pod converted through the second certificate", Duration::from_secs(10), || converted(&kubectl, &mut webhook))?;
+    eventually("the reload logged", Duration::from_secs(5), || {
+        log_contains(&mut webhook, "serving the certificate now in the Secret")
+    })?;
+    let log = std::fs::read_to_string(webhook.log())?;
+    assert_eq!(log.matches("admission webhook serving").count(), 1, "one start, no restart:\n{log}");
+
+    // The Secret is the issuer's: the webhook never wrote it.
+    let secret = kubectl.get_json(&["secret", EXTERNAL_SECRET, "-n", NAMESPACE, "--show-managed-fields"])?;
+    let managers: Vec<&str> =
+        secret["metadata"]["managedFields"].as_array().into_iter().flatten().filter_map(|f| f["manager"].as_str()).collect();
+    assert!(managers.iter().all(|m| m.starts_with("kubectl")), "{managers:?}");
+    assert_eq!(secret_text(&kubectl, EXTERNAL_SECRET, "tls.crt")?, second.cert);
+    drv.check_running()?;
+    Ok(())
+}
+
+/// Whether the first certificate of `pem` expires within `seconds`, as openssl sees it.
+fn expires_within(pem: &str, seconds: u64) -> anyhow::Result<bool> {
+    let mut child = Command::new("openssl")
+        .args(["x509", "-noout", "-checkend", &seconds.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting openssl")?;
+    child.stdin.take().context("openssl's stdin")?.write_all(pem.as_bytes())?;
+    let out = child.wait_with_output()?;
+    // 0: still valid `seconds` from now; 1: expired by then; anything else: it did not parse.
+    match out.status.code() {
+        Some(0) => Ok(false),
+        Some(1) => Ok(true),
+        _ => bail!("openssl x509 -checkend: {}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+#[test]
+fn a_self_signed_certificate_lives_as_long_as_the_validity_flag_says() {
+    let plane = ControlPlane::start().expect("control plane");
+    if let Err(e) = self_signed_scenario(&plane) {
+        panic!("{e:#}");
+    }
+}
+
+fn self_signed_scenario(plane: &ControlPlane) -> anyhow::Result<()> {
+    let kubectl = plane.kubectl().clone();
+    kubectl.run(&["create", "namespace", NAMESPACE])?;
+    let mut webhook = start_webhook(plane, free_port()?, &["--certificate-validity-days=1"])?;
+    eventually("the webhook registered", Duration::from_secs(60), || log_contains(&mut webhook, "admission webhook serving"))?;
+    let ca = secret_text(&kubectl, SELF_SIGNED_SECRET, "ca.crt")?;
+    assert_eq!(ca_bundle(&kubectl)?, ca);
+    for key in ["tls.crt", "ca.crt"] {
+        let pem = secret_text(&kubectl, SELF_SIGNED_SECRET, key)?;
+        // A day from its making, give or take the minute this test took.
+        assert!(expires_within(&pem, 86_400 + 60)?, "{key} outlives a day:\n{pem}");
+        assert!(!expires_within(&pem, 86_400 - 600)?, "{key} expires well before a day:\n{pem}");
+    }
+    Ok(())
+}
