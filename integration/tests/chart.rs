@@ -11,7 +11,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::chart::{chart_dir, helm, run_as_daemonset_pod, run_as_webhook_pod};
+use anyhow::Context;
+use common::chart::{chart_dir, container_args, dry_run, find, helm, run_as_daemonset_pod, run_as_webhook_pod};
 use common::{DRIVER, claim_and_pod_on};
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
 
@@ -58,6 +59,17 @@ fn chart_lints_and_refuses_bad_values() {
         ("webhook.timeoutSeconds=31", "/webhook/timeoutSeconds"),
         ("webhook.replicas=0", "/webhook/replicas"),
         ("webhook.port=0", "/webhook/port"),
+        ("webhook.excludedNamespaces={Bad_NS}", "/webhook/excludedNamespaces/0"),
+        ("webhook.certificate.validityDays=0", "/webhook/certificate/validityDays"),
+        ("webhook.certificate.checkSeconds=1", "/webhook/certificate/checkSeconds"),
+        ("webhook.certManager.enabled=yes", "/webhook/certManager/enabled"),
+        ("webhook.certManager.issuerRef.name=corp-ca", "/webhook/certManager/issuerRef"),
+        ("devicePlugin.enabled=maybe", "/devicePlugin/enabled"),
+        ("devicePlugin.deviceSplitCount=4", "deviceSplitCount"),
+        ("hami-dra.drivers.nvidia.containerDriver=maybe", "/hami-dra/drivers/nvidia/containerDriver"),
+        ("hami-dra.scheduler.enabled=true", "scheduler"),
+        ("nvidiaDriverRoot=run/nvidia", "/nvidiaDriverRoot"),
+        ("extendedResourceName=gpu", "/extendedResourceName"),
     ] {
         let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", set]).expect_err(set);
         assert!(format!("{err:#}").contains(wants), "--set {set}: {err:#}");
@@ -75,6 +87,221 @@ fn chart_lints_and_refuses_bad_values() {
         helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "dra.enabled=false", "--set", "webhook.enabled=true"])
             .unwrap();
     assert!(!off.contains("kind:"), "{off}");
+    // HAMi's device-plugin mode is refused at render time with what to do, whatever else is set.
+    for extra in ["dra.enabled=true", "dra.enabled=false"] {
+        let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", extra, "--set", "devicePlugin.enabled=true"])
+            .expect_err("devicePlugin.enabled=true");
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("vgpu-dra has no device-plugin mode") && err.contains("drop --set devicePlugin.enabled=true"),
+            "{err}"
+        );
+    }
+}
+
+/// Permissive stand-ins for cert-manager's Issuer and Certificate kinds, which the test bed has
+/// not: they let the API server take and return the chart's cert-manager objects (as JSON) but
+/// check nothing in them.
+const CERT_MANAGER_STAND_INS: &str = r"apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: issuers.cert-manager.io}
+spec:
+  group: cert-manager.io
+  scope: Namespaced
+  names: {plural: issuers, singular: issuer, kind: Issuer, listKind: IssuerList}
+  versions:
+  - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: certificates.cert-manager.io}
+spec:
+  group: cert-manager.io
+  scope: Namespaced
+  names: {plural: certificates, singular: certificate, kind: Certificate, listKind: CertificateList}
+  versions:
+  - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
+";
+
+/// `helm template <release> -n <namespace>` of the chart with the image and `sets`.
+fn template(plane: &ControlPlane, release: &str, namespace: &str, sets: &[&str]) -> anyhow::Result<String> {
+    let chart = chart_dir();
+    let mut args = vec!["template", release, chart.to_str().unwrap(), "-n", namespace, "--set", IMAGE];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(plane, &args)
+}
+
+#[test]
+fn chart_takes_hamis_install_line_and_the_webhook_values() {
+    let plane = ControlPlane::start().expect("control plane");
+    if let Err(e) = install_keys(&plane) {
+        panic!("{e:#}");
+    }
+}
+
+fn install_keys(plane: &ControlPlane) -> anyhow::Result<()> {
+    // HAMi's install line (source document 003), host-installed driver: rendered, and every object
+    // accepted by the API server.
+    let hami_line = ["dra.enabled=true", "devicePlugin.enabled=false", "hami-dra.drivers.nvidia.containerDriver=false"];
+    let objects = dry_run(plane, &template(plane, "hami", "default", &hami_line)?)?;
+    for (kind, name) in [
+        ("DaemonSet", "hami-vgpu-dra"),
+        ("Deployment", "hami-vgpu-dra-webhook"),
+        ("DeviceClass", DRIVER),
+        ("ClusterRole", "hami-vgpu-dra-webhook"),
+    ] {
+        find(&objects, kind, name)?;
+    }
+    let ds = find(&objects, "DaemonSet", "hami-vgpu-dra")?;
+    let args = container_args(ds);
+    anyhow::ensure!(args.contains(&"--dev-root=/dev".to_owned()), "host driver: {args:?}");
+
+    // The driver root: the host's by default and for containerDriver=false; the GPU Operator's
+    // driver container's for true, its parent mounted so a driver container that starts later is
+    // seen; nvidiaDriverRoot wins over both.
+    let volume = |spec: &serde_json::Value| {
+        spec["volumes"].as_array().and_then(|v| v.iter().find(|v| v["name"] == "driver-root").cloned())
+    };
+    for (sets, dev_root, mount) in [
+        (&[][..], "/dev", None),
+        (&["hami-dra.drivers.nvidia.containerDriver=false"], "/dev", None),
+        (&["hami-dra.drivers.nvidia.containerDriver=true"], "/run/nvidia/driver/dev", Some("/run/nvidia")),
+        (&["hami-dra.drivers.nvidia.containerDriver=true", "nvidiaDriverRoot=/"], "/dev", None),
+        (
+            &["hami-dra.drivers.nvidia.containerDriver=false", "nvidiaDriverRoot=/opt/drivers/nvidia"],
+            "/opt/drivers/nvidia/dev",
+            Some("/opt/drivers"),
+        ),
+    ] {
+        let objects = dry_run(plane, &template(plane, "x", "default", sets)?)?;
+        let ds = find(&objects, "DaemonSet", "x-vgpu-dra")?;
+        let (args, spec) = (container_args(ds), &ds["spec"]["template"]["spec"]);
+        anyhow::ensure!(args.contains(&format!("--dev-root={dev_root}")), "{sets:?}: {args:?}");
+        match mount {
+            None => anyhow::ensure!(volume(spec).is_none(), "{sets:?} mounts {:?}", volume(spec)),
+            Some(path) => {
+                let v = volume(spec).with_context(|| format!("{sets:?}: no driver-root volume"))?;
+                anyhow::ensure!(v["hostPath"]["path"] == path, "{sets:?}: {v}");
+                let mounts = &spec["containers"][0]["volumeMounts"];
+                let mount = mounts.as_array().and_then(|m| m.iter().find(|m| m["name"] == "driver-root"));
+                anyhow::ensure!(
+                    mount.is_some_and(|m| m["mountPath"] == path
+                        && m["mountPropagation"] == "HostToContainer"
+                        && m["readOnly"] == true),
+                    "{sets:?}: {mounts}"
+                );
+            }
+        }
+    }
+
+    // extendedResourceName on the DeviceClass: HAMi's nvidia.com/gpu by default, none with "".
+    let class = |sets: &[&str]| -> anyhow::Result<serde_json::Value> {
+        Ok(find(&dry_run(plane, &template(plane, "x", "default", sets)?)?, "DeviceClass", DRIVER)?["spec"].clone())
+    };
+    let spec = class(&[])?;
+    anyhow::ensure!(spec["extendedResourceName"] == "nvidia.com/gpu", "{spec}");
+    let spec = class(&["extendedResourceName="])?;
+    anyhow::ensure!(spec.get("extendedResourceName").is_none(), "{spec}");
+
+    cert_manager(plane)
+}
+
+/// cert-manager issues the webhook's certificate: the chart's Issuers and Certificates (or only
+/// the serving one from the user's issuer), the webhook reading the Secret, which it may no
+/// longer create or update.
+fn cert_manager(plane: &ControlPlane) -> anyhow::Result<()> {
+    let kubectl = plane.kubectl();
+    kubectl.apply(CERT_MANAGER_STAND_INS)?;
+    kubectl.run(&[
+        "wait",
+        "--for=condition=established",
+        "crd/issuers.cert-manager.io",
+        "crd/certificates.cert-manager.io",
+        "--timeout=60s",
+    ])?;
+    kubectl.run(&["create", "namespace", "certs"])?;
+    let rendered = template(plane, "cm", "certs", &["webhook.certManager.enabled=true", "webhook.certificate.validityDays=30"])?;
+    let objects = dry_run(plane, &rendered)?;
+    let name = "cm-vgpu-dra-webhook";
+    let mut kinds: Vec<String> = objects
+        .iter()
+        .filter(|o| o["apiVersion"] == "cert-manager.io/v1")
+        .map(|o| format!("{}/{}", o["kind"].as_str().unwrap_or_default(), o["metadata"]["name"].as_str().unwrap_or_default()))
+        .collect();
+    kinds.sort();
+    let want = [
+        format!("Certificate/{name}"),
+        format!("Certificate/{name}-ca"),
+        format!("Issuer/{name}-ca"),
+        format!("Issuer/{name}-selfsigned"),
+    ];
+    anyhow::ensure!(kinds == want, "cert-manager objects {kinds:?}");
+    let ca = find(&objects, "Certificate", &format!("{name}-ca"))?;
+    anyhow::ensure!(ca["spec"]["isCA"] == true && ca["spec"]["issuerRef"]["name"] == format!("{name}-selfsigned"), "{ca}");
+    let ca_issuer = find(&objects, "Issuer", &format!("{name}-ca"))?;
+    anyhow::ensure!(ca_issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"], "{ca_issuer}");
+    let serving = find(&objects, "Certificate", name)?;
+    let deploy = find(&objects, "Deployment", name)?;
+    let args = container_args(deploy);
+    // Written where the webhook reads it, for every name of its Service.
+    anyhow::ensure!(
+        args.contains(&format!("--secret-name={}", serving["spec"]["secretName"].as_str().unwrap_or("?"))),
+        "{args:?} {serving}"
+    );
+    let service = find(&objects, "Service", name)?;
+    anyhow::ensure!(service["metadata"]["namespace"] == "certs", "{service}");
+    let dns = serving["spec"]["dnsNames"].clone();
+    anyhow::ensure!(
+        dns == serde_json::json!([
+            name,
+            format!("{name}.certs"),
+            format!("{name}.certs.svc"),
+            format!("{name}.certs.svc.cluster.local")
+        ]),
+        "dnsNames {dns}"
+    );
+    anyhow::ensure!(
+        serving["spec"]["issuerRef"]
+            == serde_json::json!({"name": format!("{name}-ca"), "kind": "Issuer", "group": "cert-manager.io"}),
+        "{serving}"
+    );
+    anyhow::ensure!(serving["spec"]["duration"] == "720h", "{serving}");
+    anyhow::ensure!(args.contains(&"--certificate-source=secret".to_owned()), "{args:?}");
+    anyhow::ensure!(!args.iter().any(|a| a.starts_with("--certificate-validity-days")), "{args:?}");
+
+    // The webhook's RBAC, as the API server decides it: get on its one Secret, nothing more.
+    kubectl.apply(&rendered)?;
+    let may = |args: &[&str]| {
+        let user = format!("--as=system:serviceaccount:certs:{name}");
+        let mut full = vec!["auth", "can-i", "-q", &user];
+        full.extend_from_slice(args);
+        kubectl.run(&full).is_ok()
+    };
+    let secret = format!("secrets/{name}-tls");
+    anyhow::ensure!(may(&["get", &secret, "-n", "certs"]), "the webhook may not read its Secret");
+    for denied in
+        [&["create", "secrets", "-n", "certs"][..], &["update", &secret, "-n", "certs"], &["patch", &secret, "-n", "certs"]]
+    {
+        anyhow::ensure!(!may(denied), "with cert-manager the webhook may {denied:?}");
+    }
+
+    // The user's issuer: the serving Certificate only, from it.
+    let user_issuer = [
+        "webhook.certManager.enabled=true",
+        "webhook.certManager.issuerRef.name=corp-ca",
+        "webhook.certManager.issuerRef.kind=ClusterIssuer",
+    ];
+    let objects = dry_run(plane, &template(plane, "cm", "certs", &user_issuer)?)?;
+    let cm: Vec<&serde_json::Value> = objects.iter().filter(|o| o["apiVersion"] == "cert-manager.io/v1").collect();
+    anyhow::ensure!(cm.len() == 1 && cm[0]["kind"] == "Certificate", "{cm:?}");
+    anyhow::ensure!(
+        cm[0]["spec"]["issuerRef"] == serde_json::json!({"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}),
+        "{}",
+        cm[0]["spec"]
+    );
+    Ok(())
 }
 
 #[test]
@@ -99,7 +326,13 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     kubectl.apply(&full)?;
     let ds = kubectl.get_json(&["daemonset", "full-vgpu-dra", "-n", "vgpu-dra-full"])?;
     let args = ds["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
-    for want in ["--hami-core-dir=/opt/hami/vgpu", "--kubelet-dir=/var/lib/k0s/kubelet", "--mock-gpus=2xTesla T4:15Gi"] {
+    for want in [
+        "--hami-core-dir=/opt/hami/vgpu",
+        "--kubelet-dir=/var/lib/k0s/kubelet",
+        "--mock-gpus=2xTesla T4:15Gi",
+        // nvidiaDriverRoot wins over hami-dra.drivers.nvidia.containerDriver.
+        "--dev-root=/opt/nvidia/driver/dev",
+    ] {
         anyhow::ensure!(args.contains(want), "DaemonSet args lack {want}: {args}");
     }
     let webhook = kubectl.get_json(&["deployment", "full-vgpu-dra-webhook", "-n", "vgpu-dra-full"])?;
@@ -109,9 +342,16 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         "--device-class=shared-gpu.example.com",
         "--driver-name=vgpu.example.com",
         "--timeout-seconds=5",
+        "--excluded-namespaces=kube-system,monitoring",
+        "--owner-cluster-role=full-vgpu-dra-webhook",
+        "--certificate-source=self-signed",
+        "--certificate-validity-days=90",
+        "--certificate-check-seconds=60",
     ] {
         anyhow::ensure!(args.contains(want), "webhook Deployment args lack {want}: {args}");
     }
+    let class = kubectl.get_json(&["deviceclass", "shared-gpu.example.com"])?;
+    anyhow::ensure!(class["spec"]["extendedResourceName"] == "example.com/shared-gpu", "{}", class["spec"]);
 
     // The defaults, the way the issue and the docs install it.
     kubectl.run(&["create", "namespace", NS])?;
@@ -119,6 +359,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     kubectl.apply(&rendered)?;
     let class = kubectl.get_json(&["deviceclass", DRIVER])?;
     anyhow::ensure!(class["spec"]["selectors"][0]["cel"]["expression"].as_str().is_some_and(|e| e.contains("hami-gpu")));
+    // HAMi's own class has it: the scheduler serves a bare nvidia.com/gpu the webhook did not see.
+    anyhow::ensure!(class["spec"]["extendedResourceName"] == "nvidia.com/gpu", "{}", class["spec"]);
 
     // The driver as the DaemonSet runs it on node-a, with the service account's RBAC only.
     let mut pod = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-a", &["--mock-gpus=1xTesla T4:15Gi"])?;
@@ -223,6 +465,16 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
     anyhow::ensure!(hook["clientConfig"]["caBundle"].as_str().is_some_and(|b| !b.is_empty()), "no caBundle: {hook}");
     let excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"].to_string();
     anyhow::ensure!(excluded.contains("kube-system") && excluded.contains(NS), "excluded namespaces {excluded}");
+    // Owned by the webhook's ClusterRole, which helm uninstall deletes (checked below).
+    let role_uid = kubectl.run(&["get", "clusterrole", name, "-o", "jsonpath={.metadata.uid}"])?;
+    let owners = &config["metadata"]["ownerReferences"];
+    anyhow::ensure!(
+        owners.as_array().is_some_and(|o| o.iter().any(|o| o["kind"] == "ClusterRole"
+            && o["apiVersion"] == "rbac.authorization.k8s.io/v1"
+            && o["name"] == name
+            && o["uid"] == role_uid.trim())),
+        "the configuration is not owned by ClusterRole {name}: {owners}"
+    );
     let secret = kubectl.get_json(&["secret", "vgpu-dra-webhook-tls", "-n", NS])?;
     anyhow::ensure!(secret["type"] == "kubernetes.io/tls", "{}", secret["type"]);
     let health = http_get(replica.metrics_port, "/healthz")?;
@@ -242,6 +494,7 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
         as_webhook.run(&full).is_ok()
     };
     let own_hook = format!("mutatingwebhookconfigurations/{name}");
+    let own_role = format!("clusterroles.rbac.authorization.k8s.io/{name}");
     for allowed in [
         &["create", "resourceclaimtemplates", "-n", "default"][..],
         &["create", "resourceclaimtemplates", "-n", "team-a"],
@@ -251,6 +504,7 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
         &["get", "secrets/vgpu-dra-webhook-tls", "-n", NS],
         &["update", "secrets/vgpu-dra-webhook-tls", "-n", NS],
         &["create", "secrets", "-n", NS],
+        &["get", &own_role],
     ] {
         anyhow::ensure!(may(allowed), "the webhook may not {allowed:?}");
     }
@@ -272,6 +526,10 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
         &["get", "pods", "-n", "default"],
         &["delete", "pods", "-n", "default"],
         &["get", "nodes"],
+        &["get", "clusterroles.rbac.authorization.k8s.io/vgpu-dra"],
+        &["list", "clusterroles.rbac.authorization.k8s.io"],
+        &["update", &own_role],
+        &["delete", &own_role],
     ] {
         anyhow::ensure!(!may(denied), "the webhook may {denied:?}");
     }
@@ -279,9 +537,15 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
     replica.process.check_running()?;
     let log = std::fs::read_to_string(replica.process.log())?;
     anyhow::ensure!(!log.to_lowercase().contains("forbidden"), "the webhook hit RBAC limits:\n{log}");
-    // The pod is left for the scheduler; the registration goes, as an uninstall should take it.
+    // The pod is left for the scheduler. helm uninstall deletes the ClusterRole, and the garbage
+    // collector then the registration, which would otherwise refuse HAMi pods with no webhook.
     kubectl.run(&["delete", "pod", "hami-pod", "-n", "default", "--wait=false"])?;
-    kubectl.run(&["delete", "mutatingwebhookconfiguration", name])?;
+    replica.process.stop();
+    kubectl.run(&["delete", "clusterrole", name])?;
+    eventually("the garbage collector deletes the registration", Duration::from_secs(60), || {
+        let left = kubectl.run(&["get", "mutatingwebhookconfiguration", name, "--ignore-not-found", "-o", "name"])?;
+        Ok(left.trim().is_empty().then_some(()))
+    })?;
     Ok(())
 }
 

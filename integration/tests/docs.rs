@@ -19,8 +19,16 @@ use serde_json::Value;
 use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
-const PAGES: [&str; 7] =
-    ["quickstart.md", "resource-model.md", "configuration.md", "troubleshooting.md", "kueue.md", "metrics.md", "README.md"];
+const PAGES: [&str; 8] = [
+    "quickstart.md",
+    "resource-model.md",
+    "configuration.md",
+    "compatibility.md",
+    "troubleshooting.md",
+    "kueue.md",
+    "metrics.md",
+    "README.md",
+];
 const NODE: &str = "gpu-node-1";
 
 #[derive(Debug)]

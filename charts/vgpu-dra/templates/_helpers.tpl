@@ -95,3 +95,39 @@ vgpu-dra.io/config-sha256: {{ include "vgpu-dra.config" . | sha256sum }}
 {{- define "vgpu-dra.image" -}}
 {{ required "image.repository is empty: build the image from the Dockerfile, push it, and set image.repository (no image is published)" .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+
+{{/* Values that stop the install with a message, checked whatever else is enabled. */}}
+{{- define "vgpu-dra.validate" -}}
+{{- if .Values.devicePlugin.enabled -}}
+{{- fail "devicePlugin.enabled=true: vgpu-dra has no device-plugin mode, it runs only as a DRA driver (dra.enabled); drop --set devicePlugin.enabled=true (false is accepted, as in HAMi's install line)" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The host directory the NVIDIA driver is installed under: nvidiaDriverRoot when set, else
+HAMi's hami-dra.drivers.nvidia.containerDriver (true: the GPU Operator's driver container, whose
+files are under /run/nvidia/driver; false: the host), else the host. No trailing slash but "/". */}}
+{{- define "vgpu-dra.driverRoot" -}}
+{{- $container := dig "drivers" "nvidia" "containerDriver" "" (index .Values "hami-dra" | default dict) -}}
+{{- $root := "/" -}}
+{{- if .Values.nvidiaDriverRoot -}}
+{{- $root = .Values.nvidiaDriverRoot -}}
+{{- else if eq (toString $container) "true" -}}
+{{- $root = "/run/nvidia/driver" -}}
+{{- end -}}
+{{- if eq $root "/" }}/{{ else }}{{ $root | trimSuffix "/" }}{{ end -}}
+{{- end -}}
+
+{{/* Whether cert-manager issues the webhook's certificate. */}}
+{{- define "vgpu-dra.webhook.certManager" -}}
+{{- if .Values.webhook.certManager.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* The DNS names the API server may call the webhook's Service by. */}}
+{{- define "vgpu-dra.webhook.dnsNames" -}}
+{{- $svc := include "vgpu-dra.webhook.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+- {{ $svc }}
+- {{ $svc }}.{{ $ns }}
+- {{ $svc }}.{{ $ns }}.svc
+- {{ $svc }}.{{ $ns }}.svc.cluster.local
+{{- end -}}

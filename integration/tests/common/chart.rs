@@ -33,8 +33,43 @@ pub fn helm(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8(out.stdout)?)
 }
 
+/// The objects of a rendered chart as the API server stores them, from a server-side dry run:
+/// each one checked by the real API server (schema, admission) and none created. The release
+/// namespace must exist.
+pub fn dry_run(plane: &ControlPlane, rendered: &str) -> anyhow::Result<Vec<Value>> {
+    let out = plane.kubectl().run_with_input(
+        &["apply", "--server-side", "--dry-run=server", "--force-conflicts", "-o", "json", "-f", "-"],
+        Some(rendered),
+    )?;
+    let value: Value = serde_json::from_str(&out).context("kubectl apply -o json printed no JSON")?;
+    Ok(match value["kind"].as_str() {
+        Some("List") => value["items"].as_array().cloned().unwrap_or_default(),
+        _ => vec![value],
+    })
+}
+
+/// The object of `kind` named `name` among `objects`.
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> anyhow::Result<&'a Value> {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .with_context(|| format!("no {kind} {name} among {} objects", objects.len()))
+}
+
+/// The arguments of the first container of a workload (DaemonSet, Deployment).
+pub fn container_args(workload: &Value) -> Vec<String> {
+    workload["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Flags the DaemonSet sets to host paths (and the host port) that a test replaces with its own.
-const HOST_FLAGS: [&str; 5] = ["--kubelet-dir=", "--cdi-dir=", "--hami-core-dir=", "--lock-dir=", "--metrics-address="];
+const HOST_FLAGS: [&str; 6] =
+    ["--kubelet-dir=", "--cdi-dir=", "--hami-core-dir=", "--lock-dir=", "--dev-root=", "--metrics-address="];
 
 /// A driver started as a pod of the chart's DaemonSet on one node.
 pub struct DaemonSetPod {
