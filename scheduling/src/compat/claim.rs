@@ -17,7 +17,8 @@ use super::selectors::cel_string;
 use super::{CardModel, CardRequest, ClassFacts, CompatError, CompatSettings, CorePolicy, MemoryRequest, Selection};
 use crate::device::{CAPACITY_CORES, CAPACITY_MEMORY};
 
-/// The name of the one request in every converted claim (HAMi-DRA's name).
+/// The name of the request in converted claims (HAMi-DRA's name); `gpu-<i>` when a percentage
+/// of several cards needs one request per card.
 pub const REQUEST_NAME: &str = "gpu";
 /// Prefix of the templates this conversion names; how converted pods are recognised.
 pub const TEMPLATE_PREFIX: &str = "hami-vgpu-";
@@ -120,7 +121,9 @@ impl HamiCoreConfig {
 
 /// The claim spec for `request` with the pod's `selection`: one request named [`REQUEST_NAME`]
 /// on the configured class; `distinctAttribute` on the card uuid when it asks for more than one
-/// card; a percentage as a prioritized list over the class's card models.
+/// card; a percentage as a prioritized list over the class's card models, and for several cards
+/// over several models one such request per card (`gpu-0`, `gpu-1`, ...), so each card may be of
+/// another model.
 ///
 /// # Errors
 /// For a percentage: [`CompatError::NoCardModel`] when no model is known or selectable,
@@ -142,8 +145,8 @@ pub fn claim_spec(
         Some(CapacityRequirements { requests: Some(requests) })
     };
     let count = Some(i64::from(request.count));
-    let device_request = match request.memory {
-        MemoryRequest::WholeCard | MemoryRequest::Bytes(_) => DeviceRequest {
+    let device_requests = match request.memory {
+        MemoryRequest::WholeCard | MemoryRequest::Bytes(_) => vec![DeviceRequest {
             name: REQUEST_NAME.into(),
             exactly: Some(ExactDeviceRequest {
                 allocation_mode: Some("ExactCount".into()),
@@ -157,34 +160,55 @@ pub fn claim_spec(
                 ..Default::default()
             }),
             ..Default::default()
-        },
+        }],
         MemoryRequest::Percent(percent) => {
             let models = percent_models(container, settings, facts, selection)?;
-            let subrequests = models
-                .iter()
-                .enumerate()
-                .map(|(i, model)| {
-                    let mut sel = vec![model_selector(&settings.driver, model)];
-                    sel.extend(base_selectors.iter().cloned());
-                    let mib = (model.memory_bytes / MIB).saturating_mul(u64::from(percent)) / 100;
-                    DeviceSubRequest {
-                        name: subrequest_name(i, &model.product_name),
-                        allocation_mode: Some("ExactCount".into()),
-                        count,
-                        device_class_name: settings.device_class.clone(),
-                        capacity: capacity(Some(mib.max(1).saturating_mul(MIB))),
-                        selectors: selectors(&sel),
+            let options = |count: u32| -> Vec<DeviceSubRequest> {
+                models
+                    .iter()
+                    .enumerate()
+                    .map(|(i, model)| {
+                        let mut sel = vec![model_selector(&settings.driver, model)];
+                        sel.extend(base_selectors.iter().cloned());
+                        let mib = (model.memory_bytes / MIB).saturating_mul(u64::from(percent)) / 100;
+                        DeviceSubRequest {
+                            name: subrequest_name(i, &model.product_name),
+                            allocation_mode: Some("ExactCount".into()),
+                            count: Some(i64::from(count)),
+                            device_class_name: settings.device_class.clone(),
+                            capacity: capacity(Some(mib.max(1).saturating_mul(MIB))),
+                            selectors: selectors(&sel),
+                            ..Default::default()
+                        }
+                    })
+                    .collect()
+            };
+            if request.count > 1 && models.len() > 1 {
+                // HAMi takes each card's share of that card's own memory, so N cards may be of
+                // different models: one request per card, each choosing its model, kept apart
+                // by the distinct constraint below. One request of N over a list of models would
+                // need all N of one model.
+                (0..request.count)
+                    .map(|i| DeviceRequest {
+                        name: format!("{REQUEST_NAME}-{i}"),
+                        first_available: Some(options(1)),
                         ..Default::default()
-                    }
-                })
-                .collect();
-            DeviceRequest { name: REQUEST_NAME.into(), first_available: Some(subrequests), ..Default::default() }
+                    })
+                    .collect()
+            } else {
+                vec![DeviceRequest {
+                    name: REQUEST_NAME.into(),
+                    first_available: Some(options(request.count)),
+                    ..Default::default()
+                }]
+            }
         }
     };
+    let names: Vec<String> = device_requests.iter().map(|r| r.name.clone()).collect();
     let constraints = (request.count > 1).then(|| {
         vec![DeviceConstraint {
             distinct_attribute: Some(format!("{}/uuid", settings.driver)),
-            requests: Some(vec![REQUEST_NAME.into()]),
+            requests: Some(names.clone()),
             ..Default::default()
         }]
     });
@@ -195,12 +219,12 @@ pub fn claim_spec(
                 driver: settings.driver.clone(),
                 parameters: RawExtension(core.to_parameters()),
             }),
-            requests: Some(vec![REQUEST_NAME.into()]),
+            requests: Some(names.clone()),
         }]
     });
     Ok(ResourceClaimTemplateSpec {
         metadata: None,
-        spec: ResourceClaimSpec { devices: Some(DeviceClaim { config, constraints, requests: Some(vec![device_request]) }) },
+        spec: ResourceClaimSpec { devices: Some(DeviceClaim { config, constraints, requests: Some(device_requests) }) },
     })
 }
 

@@ -45,7 +45,7 @@ fn whole_cards_ask_no_memory_and_several_cards_are_distinct() {
 
 #[test]
 fn percentage_is_a_prioritized_list_over_the_class_models() {
-    let got = spec(&req(2, MemoryRequest::Percent(50), 0), &Selection::default(), &mixed_facts()).unwrap();
+    let got = spec(&req(1, MemoryRequest::Percent(50), 0), &Selection::default(), &mixed_facts()).unwrap();
     let request = &got["spec"]["devices"]["requests"][0];
     assert!(request.get("exactly").is_none());
     let subs = request["firstAvailable"].as_array().unwrap();
@@ -58,7 +58,7 @@ fn percentage_is_a_prioritized_list_over_the_class_models() {
         json!({
             "name": "card0-nvidia-a100-sxm4-80gb",
             "allocationMode": "ExactCount",
-            "count": 2,
+            "count": 1,
             "deviceClassName": "hami-core-gpu.project-hami.io",
             "capacity": {"requests": {"cores": "0", "memory": (40u64 << 30).to_string()}},
             "selectors": [{"cel": {"expression":
@@ -67,8 +67,34 @@ fn percentage_is_a_prioritized_list_over_the_class_models() {
     );
     assert_eq!(subs[1]["name"], "card1-tesla-t4");
     assert_eq!(subs[1]["capacity"]["requests"]["memory"], (7680 * MIB).to_string());
-    // Several cards stay distinct whichever subrequest is picked.
-    assert_eq!(got["spec"]["devices"]["constraints"][0]["requests"], json!(["gpu"]));
+    assert!(got["spec"]["devices"].get("constraints").is_none());
+}
+
+#[test]
+fn several_cards_at_a_percentage_each_choose_their_own_model() {
+    // HAMi takes each card's share of that card's memory: two cards may be an A100 and a T4.
+    let got = spec(&req(3, MemoryRequest::Percent(50), 0), &Selection::default(), &mixed_facts()).unwrap();
+    let requests = got["spec"]["devices"]["requests"].as_array().unwrap();
+    let names: Vec<&str> = requests.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2"]);
+    for r in requests {
+        let subs = r["firstAvailable"].as_array().unwrap();
+        assert_eq!(subs.len(), 2, "{r}");
+        assert!(subs.iter().all(|s| s["count"] == 1), "{r}");
+        assert_eq!(subs[1]["capacity"]["requests"]["memory"], (7680 * MIB).to_string());
+    }
+    // The cards stay distinct across the requests, whichever model each picks.
+    assert_eq!(
+        got["spec"]["devices"]["constraints"],
+        json!([{"distinctAttribute": "hami-core-gpu.project-hami.io/uuid", "requests": ["gpu-0", "gpu-1", "gpu-2"]}])
+    );
+    // One model: one request of N, as for plain memory.
+    let one_model = spec(&req(2, MemoryRequest::Percent(50), 0), &Selection::default(), &t4_facts()).unwrap();
+    let request = &one_model["spec"]["devices"]["requests"];
+    assert_eq!(request.as_array().unwrap().len(), 1);
+    assert_eq!(request[0]["name"], "gpu");
+    assert_eq!(request[0]["firstAvailable"][0]["count"], 2);
+    assert_eq!(one_model["spec"]["devices"]["constraints"][0]["requests"], json!(["gpu"]));
 }
 
 #[test]
