@@ -11,6 +11,7 @@ mod procfs;
 mod report;
 mod stats;
 mod target;
+mod webhook;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -66,6 +67,9 @@ struct Args {
     /// Skip the single-node run.
     #[arg(long)]
     skip_single: bool,
+    /// Pods in the webhook's admission-latency runs (0 skips them; vgpu-dra only).
+    #[arg(long, default_value_t = 1000)]
+    webhook_pods: usize,
     /// Where the JSON figures go.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
@@ -102,6 +106,7 @@ fn main() -> anyhow::Result<()> {
         command: target.command.clone(),
         single: None,
         scale: None,
+        webhook: None,
         goals: Default::default(),
     };
     if !args.skip_single {
@@ -111,6 +116,12 @@ fn main() -> anyhow::Result<()> {
     if args.nodes > 0 {
         eprintln!("bench: {} nodes", args.nodes);
         report.scale = Some(runtime.block_on(scale(&args, &target))?);
+    }
+    if args.webhook_pods > 0 {
+        eprintln!("bench: webhook admission, {} pods", args.webhook_pods);
+        let bin = std::fs::canonicalize(&args.vgpu_dra)
+            .with_context(|| format!("{} (build it: cargo build --release -p vgpu-dra)", args.vgpu_dra.display()))?;
+        report.webhook = Some(runtime.block_on(webhook::run(&bin, &target, args.webhook_pods, args.concurrency))?);
     }
     report.judge();
     print!("{}", report.table());

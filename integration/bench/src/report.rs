@@ -144,6 +144,8 @@ pub struct Report {
     pub single: Option<Single>,
     /// Many-node figures.
     pub scale: Option<Scale>,
+    /// The HAMi compatibility webhook's admission figures.
+    pub webhook: Option<crate::webhook::WebhookRun>,
     /// The goals the figures are held against, and whether each was met.
     pub goals: BTreeMap<String, bool>,
 }
@@ -166,6 +168,12 @@ impl Report {
         }
         if let Some(s) = &self.scale {
             goals.insert("scale run < 10 min".into(), s.wall_seconds < 600.0);
+        }
+        if let Some(w) = &self.webhook {
+            goals.insert(
+                format!("webhook admission p99 < 5 ms ({} pods, sequential, loopback)", w.pods),
+                w.direct_sequential.p99_ms < 5.0,
+            );
         }
         self.goals = goals;
     }
@@ -232,6 +240,22 @@ impl Report {
                 s.requests_until_prepared.total, s.requests_until_prepared.writes, s.steady_requests_per_minute
             ));
             out.push_str(&format!("  wall time                   {:.0} s\n\n", s.wall_seconds));
+        }
+        if let Some(w) = &self.webhook {
+            out.push_str(&format!("webhook admission: {} HAMi pods of {} shapes\n", w.pods, w.shapes));
+            out.push_str("  path                              p50/p90/p99/max ms            /s\n");
+            for (name, s) in [
+                ("direct, sequential".to_owned(), &w.direct_sequential),
+                (format!("direct, concurrent({})", w.concurrency), &w.direct_concurrent),
+                (format!("API server dry run, {} converted", w.api_server_converted.calls), &w.api_server_converted),
+                (format!("API server dry run, {} without GPU", w.api_server_plain.calls), &w.api_server_plain),
+            ] {
+                out.push_str(&format!(
+                    "  {name:<33} {:>6.2} {:>6.2} {:>6.2} {:>7.2} {:>8.0}\n",
+                    s.p50_ms, s.p90_ms, s.p99_ms, s.max_ms, s.per_second
+                ));
+            }
+            out.push_str(&format!("  webhook RSS afterwards            {:.1} MiB\n\n", w.rss_mib));
         }
         out.push_str("goals\n");
         for (goal, met) in &self.goals {

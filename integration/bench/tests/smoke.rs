@@ -14,7 +14,7 @@ fn a_tiny_run_reports_every_figure() {
     let out = out_dir.path().join("results.json");
     let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .args(["--claims", "6", "--sizes", "1,5", "--concurrency", "2", "--steady-seconds", "1", "--wipes", "1", "--nodes", "2"])
+        .args(["--claims", "6", "--sizes", "1,5", "--concurrency", "2", "--steady-seconds", "1", "--wipes", "1", "--nodes", "2", "--webhook-pods", "6"])
         .arg(format!("--vgpu-dra={}", driver.display()))
         .arg(format!("--out={}", out.display()))
         .output()
@@ -35,6 +35,11 @@ fn a_tiny_run_reports_every_figure() {
         (Some(2), Some(2), Some(6))
     );
     assert_eq!(scale["prepare"]["calls"], 6);
+    let webhook = &report["webhook"];
+    assert_eq!((webhook["pods"].as_u64(), webhook["direct_sequential"]["calls"].as_u64()), (Some(6), Some(6)), "{report:#}");
+    assert_eq!(webhook["direct_concurrent"]["calls"], 6);
+    assert_eq!(webhook["api_server_converted"]["calls"], 6);
+    assert!(webhook["rss_mib"].as_f64().unwrap() > 1.0);
     assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(table.contains("goals"), "{table}");
 }
