@@ -38,6 +38,8 @@ helm_bin="$CACHE/helm-$HELM_VERSION"
 kueue_hash="$( (cd "$HERE/kueue" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
 kueue_bin="$CACHE/kueue-$KUEUE_VERSION-$kueue_hash"
 volcano_bin="$CACHE/volcano-$VOLCANO_VERSION"
+kueue_manager_hash="$( (cd "$HERE/kueue-manager" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
+kueue_manager_bin="$CACHE/kueue-manager-$KUEUE_VERSION-$kueue_manager_hash"
 # Our own Go tools change with the repository: key them by their source as well as the release.
 tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go release/*/*.go) | sha256sum | cut -c1-16)"
 tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
@@ -163,6 +165,26 @@ build_kueue() {
 	rm -rf "$kueue_bin" && mv "$kueue_bin.tmp" "$kueue_bin"
 }
 
+# Kueue's controller manager (batch/v1 Job integration), with the admission webhook registrations
+# of the same release beside it (webhooks.yaml), for the tests that run Kueue itself.
+build_kueue_manager() {
+	have_all "$kueue_manager_bin" kueue-manager && [[ -f "$kueue_manager_bin/webhooks.yaml" ]] && return
+	log "building kueue-manager against Kueue $KUEUE_VERSION (first time only; takes a while on 2 cores)"
+	find "$CACHE" -maxdepth 1 -name "kueue-manager-$KUEUE_VERSION-*" ! -name "$(basename "$kueue_manager_bin")" -exec rm -rf {} +
+	local src="$CACHE/src/kueue-manager-$KUEUE_VERSION" started=$SECONDS dir
+	rm -rf "$src" && mkdir -p "$src"
+	sed "s/@KUEUE_VERSION@/$KUEUE_VERSION/" "$HERE/kueue-manager/go.mod.in" >"$src/go.mod"
+	cp "$HERE/kueue-manager/main.go" "$src/"
+	rm -rf "$kueue_manager_bin.tmp" && mkdir -p "$kueue_manager_bin.tmp"
+	(cd "$src" && go mod tidy >&2 && go build -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+		-o "$kueue_manager_bin.tmp/kueue-manager" . >&2)
+	dir="$(cd "$src" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
+	cp "$dir/config/components/webhook/manifests.yaml" "$kueue_manager_bin.tmp/webhooks.yaml"
+	rm -rf "$kueue_manager_bin" && mv "$kueue_manager_bin.tmp" "$kueue_manager_bin"
+	log "kueue-manager built in $((SECONDS - started)) s"
+}
+
 build_volcano() {
 	[[ -d "$volcano_bin/crds" ]] && return
 	log "fetching Volcano $VOLCANO_VERSION's CRDs"
@@ -181,6 +203,7 @@ build_etcd
 build_kubernetes
 build_helm
 build_kueue
+build_kueue_manager
 build_volcano
 log "components ready in $((SECONDS - start)) s (cache: $CACHE)"
 
@@ -193,4 +216,5 @@ echo "kubelet-sim=$tools_bin/kubelet-sim"
 echo "cdi-check=$tools_bin/cdi-check"
 echo "kueue-check=$kueue_bin/kueue-check"
 echo "kueue-crds=$kueue_bin/crds"
+echo "kueue-manager=$kueue_manager_bin/kueue-manager"
 echo "volcano-crds=$volcano_bin/crds"

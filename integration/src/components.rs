@@ -32,9 +32,12 @@ pub struct Components {
     pub kueue_crds: PathBuf,
     /// The directory of Volcano's CRDs (batch Jobs, queues, pod groups).
     pub volcano_crds: PathBuf,
+    /// Kueue's controller manager (batch/v1 Job integration); its release's webhook
+    /// registrations are beside it, in `webhooks.yaml`.
+    pub kueue_manager: PathBuf,
 }
 
-const NAMES: [&str; 11] = [
+const NAMES: [&str; 12] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
@@ -46,6 +49,7 @@ const NAMES: [&str; 11] = [
     "kueue-check",
     "kueue-crds",
     "volcano-crds",
+    "kueue-manager",
 ];
 
 /// The components, found or built once per test process.
@@ -85,7 +89,8 @@ fn locate() -> anyhow::Result<Components> {
         kueue_check,
         kueue_crds,
         volcano_crds,
-    ]: [PathBuf; 11] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
+        kueue_manager,
+    ]: [PathBuf; 12] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
     Ok(Components {
         etcd,
         kube_apiserver,
@@ -98,6 +103,7 @@ fn locate() -> anyhow::Result<Components> {
         kueue_check,
         kueue_crds,
         volcano_crds,
+        kueue_manager,
     })
 }
 

@@ -9,6 +9,7 @@ mod components;
 mod control_plane;
 mod driver;
 mod kubelet_sim;
+pub mod kueue;
 mod process;
 
 pub use components::{Components, components};
