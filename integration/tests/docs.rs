@@ -16,6 +16,7 @@ use std::time::Duration;
 use common::chart::{chart_dir, run_as_daemonset_pod};
 use common::{DRIVER, cdi_check, claim_response};
 use serde_json::Value;
+use vgpu_dra_integration::kueue::Kueue;
 use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
@@ -76,6 +77,8 @@ fn blocks(page: &'static str) -> Vec<Block> {
 }
 
 struct Docs {
+    /// The Kueue of the last manager Configuration block (stopped before the plane).
+    kueue: Option<Kueue>,
     plane: ControlPlane,
     driver: Option<common::chart::DaemonSetPod>,
     kubelet: Option<KubeletSim>,
@@ -175,6 +178,11 @@ impl Docs {
                 let config = self.file(block);
                 let out = Command::new(&self.plane.components().kueue_check).arg(&config).output().unwrap();
                 assert!(out.status.success(), "{}: {}", block.at(), String::from_utf8_lossy(&out.stderr));
+                // The real manager runs with it, and serves the blocks that follow (its webhooks
+                // fail closed for Kueue's kinds, so it must stay up until the next one).
+                drop(self.kueue.take());
+                let kueue = Kueue::start(&self.plane, &block.body).unwrap_or_else(|e| panic!("{}: {e:#}", block.at()));
+                self.kueue = Some(kueue);
             }
             (lang, tag) => panic!("{}: a {lang:?} block tagged {tag:?} is neither run nor output", block.at()),
         }
@@ -264,7 +272,7 @@ fn every_docs_example_runs() {
     plane.kubectl().run(&["wait", "--for=condition=established", "crd", "--all", "--timeout=60s"]).unwrap();
     let scratch = plane.dir().join("docs");
     std::fs::create_dir_all(&scratch).unwrap();
-    let mut docs = Docs { plane, driver: None, kubelet: None, scratch };
+    let mut docs = Docs { plane, driver: None, kubelet: None, kueue: None, scratch };
 
     let all: Vec<Block> = PAGES.iter().flat_map(|p| blocks(p)).collect();
     let (cleanup, main): (Vec<&Block>, Vec<&Block>) = all.iter().partition(|b| b.section.ends_with("Clean up"));
