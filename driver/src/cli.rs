@@ -34,6 +34,10 @@ pub enum Command {
     PreparePreview(PreparePreviewArgs),
     /// Serve the admission webhook that converts pods written for HAMi into DRA claims.
     Webhook(vgpu_dra_webhook::WebhookArgs),
+    /// Per card: memory, cores and shares allocated of the total, and who holds them (`kubectl vgpu usage`).
+    Usage(vgpu_dra_cli::UsageArgs),
+    /// For each claim of a pod: where it went and its limits, or what stops each card (`kubectl vgpu why`).
+    Why(vgpu_dra_cli::WhyArgs),
 }
 
 /// Arguments of `vgpu-dra prepare-preview`.

@@ -14,6 +14,10 @@ fn main() -> ExitCode {
         Command::KubeletPlugin(args) => daemon::run(args),
         Command::PreparePreview(args) => prepare_preview(args, &mut std::io::stdout().lock()),
         Command::Webhook(args) => vgpu_dra_webhook::run(args).map_err(anyhow::Error::from),
+        Command::Usage(args) => vgpu_dra_cli::usage(args, &mut std::io::stdout().lock()).map_err(anyhow::Error::from),
+        Command::Why(args) => {
+            vgpu_dra_cli::why(args, &mut std::io::stdout().lock(), &mut std::io::stderr()).map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
