@@ -19,8 +19,10 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 # Kueue for the quota docs: its CRDs and a decoder of its manager Configuration.
 KUEUE_VERSION="${KUEUE_VERSION:-v0.18.1}"
+# Kueue's next release, whose manager counts DRA consumable capacity against quotas.
+KUEUE_V019_VERSION="${KUEUE_V019_VERSION:-v0.19.2}"
 # Volcano: the CRDs of its batch Jobs and queues (the webhook converts Jobs' task templates).
-VOLCANO_VERSION="${VOLCANO_VERSION:-v1.15.0}"
+VOLCANO_VERSION="${VOLCANO_VERSION:-v1.15.1}"
 CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -38,8 +40,9 @@ helm_bin="$CACHE/helm-$HELM_VERSION"
 kueue_hash="$( (cd "$HERE/kueue" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
 kueue_bin="$CACHE/kueue-$KUEUE_VERSION-$kueue_hash"
 volcano_bin="$CACHE/volcano-$VOLCANO_VERSION"
-kueue_manager_hash="$( (cd "$HERE/kueue-manager" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
+kueue_manager_hash="$( (cd "$HERE/kueue-manager" && cat go.mod.in *.go) | sha256sum | cut -c1-16)"
 kueue_manager_bin="$CACHE/kueue-manager-$KUEUE_VERSION-$kueue_manager_hash"
+kueue_manager_v019_bin="$CACHE/kueue-manager-$KUEUE_V019_VERSION-$kueue_manager_hash"
 # Our own Go tools change with the repository: key them by their source as well as the release.
 tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go release/*/*.go) | sha256sum | cut -c1-16)"
 tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
@@ -165,24 +168,32 @@ build_kueue() {
 	rm -rf "$kueue_bin" && mv "$kueue_bin.tmp" "$kueue_bin"
 }
 
-# Kueue's controller manager (batch/v1 Job integration), with the admission webhook registrations
-# of the same release beside it (webhooks.yaml), for the tests that run Kueue itself.
+# Kueue's controller manager (batch/v1 Job integration) at release $1 into directory $2, with the
+# admission webhook registrations (webhooks.yaml) and the CRDs (crds/) of the same release beside
+# it, for the tests that run Kueue itself. One source serves v0.18 and v0.19: main.go and the
+# release's compat file (compat_v019.go from v0.19 on, built with its tag kueue_v019; else
+# compat_v018.go). Only that one is copied: `go mod tidy` reads every file whatever its tags.
 build_kueue_manager() {
-	have_all "$kueue_manager_bin" kueue-manager && [[ -f "$kueue_manager_bin/webhooks.yaml" ]] && return
-	log "building kueue-manager against Kueue $KUEUE_VERSION (first time only; takes a while on 2 cores)"
-	find "$CACHE" -maxdepth 1 -name "kueue-manager-$KUEUE_VERSION-*" ! -name "$(basename "$kueue_manager_bin")" -exec rm -rf {} +
-	local src="$CACHE/src/kueue-manager-$KUEUE_VERSION" started=$SECONDS dir
+	local version="$1" bin="$2"
+	have_all "$bin" kueue-manager && [[ -f "$bin/webhooks.yaml" && -d "$bin/crds" ]] && return
+	log "building kueue-manager against Kueue $version (first time only; takes a while on 2 cores)"
+	find "$CACHE" -maxdepth 1 -name "kueue-manager-$version-*" ! -name "$(basename "$bin")" -exec rm -rf {} +
+	local src="$CACHE/src/kueue-manager-$version" started=$SECONDS dir tags="" compat=compat_v018.go
+	local minor="${version#v0.}"
+	minor="${minor%%.*}"
+	if ((minor >= 19)); then tags=kueue_v019 compat=compat_v019.go; fi
 	rm -rf "$src" && mkdir -p "$src"
-	sed "s/@KUEUE_VERSION@/$KUEUE_VERSION/" "$HERE/kueue-manager/go.mod.in" >"$src/go.mod"
-	cp "$HERE/kueue-manager/main.go" "$src/"
-	rm -rf "$kueue_manager_bin.tmp" && mkdir -p "$kueue_manager_bin.tmp"
-	(cd "$src" && go mod tidy >&2 && go build -trimpath \
-		-ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
-		-o "$kueue_manager_bin.tmp/kueue-manager" . >&2)
+	sed "s/@KUEUE_VERSION@/$version/" "$HERE/kueue-manager/go.mod.in" >"$src/go.mod"
+	cp "$HERE/kueue-manager/main.go" "$HERE/kueue-manager/$compat" "$src/"
+	rm -rf "$bin.tmp" && mkdir -p "$bin.tmp/crds"
+	(cd "$src" && go mod tidy >&2 && go build -trimpath -tags "$tags" \
+		-ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$version" \
+		-o "$bin.tmp/kueue-manager" . >&2)
 	dir="$(cd "$src" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)"
-	cp "$dir/config/components/webhook/manifests.yaml" "$kueue_manager_bin.tmp/webhooks.yaml"
-	rm -rf "$kueue_manager_bin" && mv "$kueue_manager_bin.tmp" "$kueue_manager_bin"
-	log "kueue-manager built in $((SECONDS - started)) s"
+	cp "$dir/config/components/webhook/manifests.yaml" "$bin.tmp/webhooks.yaml"
+	cp "$dir"/config/components/crd/bases/*.yaml "$bin.tmp/crds/"
+	rm -rf "$bin" && mv "$bin.tmp" "$bin"
+	log "kueue-manager $version built in $((SECONDS - started)) s"
 }
 
 build_volcano() {
@@ -203,7 +214,8 @@ build_etcd
 build_kubernetes
 build_helm
 build_kueue
-build_kueue_manager
+build_kueue_manager "$KUEUE_VERSION" "$kueue_manager_bin"
+build_kueue_manager "$KUEUE_V019_VERSION" "$kueue_manager_v019_bin"
 build_volcano
 log "components ready in $((SECONDS - start)) s (cache: $CACHE)"
 
@@ -217,4 +229,5 @@ echo "cdi-check=$tools_bin/cdi-check"
 echo "kueue-check=$kueue_bin/kueue-check"
 echo "kueue-crds=$kueue_bin/crds"
 echo "kueue-manager=$kueue_manager_bin/kueue-manager"
+echo "kueue-manager-v0-19=$kueue_manager_v019_bin/kueue-manager"
 echo "volcano-crds=$volcano_bin/crds"

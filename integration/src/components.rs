@@ -35,9 +35,12 @@ pub struct Components {
     /// Kueue's controller manager (batch/v1 Job integration); its release's webhook
     /// registrations are beside it, in `webhooks.yaml`.
     pub kueue_manager: PathBuf,
+    /// Kueue v0.19's controller manager, from the same source; its release's webhook
+    /// registrations (`webhooks.yaml`) and CRDs (`crds/`) are beside it.
+    pub kueue_manager_v0_19: PathBuf,
 }
 
-const NAMES: [&str; 12] = [
+const NAMES: [&str; 13] = [
     "etcd",
     "kube-apiserver",
     "kube-scheduler",
@@ -50,6 +53,7 @@ const NAMES: [&str; 12] = [
     "kueue-crds",
     "volcano-crds",
     "kueue-manager",
+    "kueue-manager-v0-19",
 ];
 
 /// The components, found or built once per test process.
@@ -90,7 +94,8 @@ fn locate() -> anyhow::Result<Components> {
         kueue_crds,
         volcano_crds,
         kueue_manager,
-    ]: [PathBuf; 12] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
+        kueue_manager_v0_19,
+    ]: [PathBuf; 13] = paths.try_into().map_err(|_| anyhow::anyhow!("wrong number of components"))?;
     Ok(Components {
         etcd,
         kube_apiserver,
@@ -104,6 +109,7 @@ fn locate() -> anyhow::Result<Components> {
         kueue_crds,
         volcano_crds,
         kueue_manager,
+        kueue_manager_v0_19,
     })
 }
 

@@ -5,6 +5,11 @@
 //! and Kueue's own certificate management is off. Only the webhooks this manager serves are
 //! registered: Kueue's own kinds and batch/v1 Jobs.
 //!
+//! Two releases are built from one source: v0.18 ([`Kueue::start`]) and v0.19
+//! ([`Kueue::start_version`] with [`KueueVersion::V019`]), whose manager can count a claim
+//! template's consumable capacity (`KueueDRAIntegrationConsumableCapacity`). Each start installs
+//! the CRDs of the release it runs.
+//!
 //! Kueue admits a Job by unsuspending it; the pods are then made by kube-controller-manager's Job
 //! controller, which [`Kueue::start`] runs beside the plane's controller manager (whose
 //! `--controllers` list has none).
@@ -21,6 +26,35 @@ use crate::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port};
 /// The API groups whose webhooks the manager serves (its linked integrations: batch/v1 Job).
 const SERVED_GROUPS: [&str; 2] = ["kueue.x-k8s.io", "batch"];
 
+/// Which Kueue release's manager to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KueueVersion {
+    /// v0.18.1, the release of source document 003.
+    V018,
+    /// v0.19.2: adds consumable-capacity quotas for DRA claims (alpha).
+    V019,
+}
+
+/// Feature gates that only v0.19 knows: a Configuration naming one needs [`KueueVersion::V019`].
+const V019_GATES: [&str; 1] = ["KueueDRAIntegrationConsumableCapacity"];
+
+impl KueueVersion {
+    /// The release a manager Configuration needs: v0.19 when it names a gate v0.18 does not
+    /// know (`KueueDRAIntegrationConsumableCapacity`), else v0.18.
+    #[must_use]
+    pub fn for_configuration(configuration: &str) -> Self {
+        if V019_GATES.iter().any(|gate| configuration.contains(gate)) { Self::V019 } else { Self::V018 }
+    }
+
+    /// The manager binary of this release.
+    fn manager(self, bins: &crate::Components) -> &Path {
+        match self {
+            Self::V018 => &bins.kueue_manager,
+            Self::V019 => &bins.kueue_manager_v0_19,
+        }
+    }
+}
+
 /// A running Kueue; dropping it stops the manager and the Job controller.
 pub struct Kueue {
     manager: ManagedProcess,
@@ -31,28 +65,37 @@ pub struct Kueue {
 }
 
 impl Kueue {
-    /// Installs Kueue's CRDs and webhooks on `plane` and starts the manager with `configuration`,
-    /// a manager Configuration (`config.kueue.x-k8s.io/v1beta2`) as a user writes it. The test
-    /// bed adds its own top-level keys, which `configuration` must therefore not set: `health`,
-    /// `metrics`, `webhook`, `leaderElection`, `internalCertManagement`. Returns once the API
-    /// server calls Kueue's Job webhook.
+    /// Installs Kueue v0.18's CRDs and webhooks on `plane` and starts its manager with
+    /// `configuration`, a manager Configuration (`config.kueue.x-k8s.io/v1beta2`) as a user
+    /// writes it. The test bed adds its own top-level keys, which `configuration` must therefore
+    /// not set: `health`, `metrics`, `webhook`, `leaderElection`, `internalCertManagement`.
+    /// Returns once the API server calls Kueue's Job webhook.
     ///
     /// # Errors
     /// When a step of the install fails or the manager does not come up (its log is quoted).
     pub fn start(plane: &ControlPlane, configuration: &str) -> anyhow::Result<Self> {
+        Self::start_version(plane, configuration, KueueVersion::V018)
+    }
+
+    /// As [`Kueue::start`], with the manager, CRDs and webhooks of release `version`.
+    ///
+    /// # Errors
+    /// When a step of the install fails or the manager does not come up (its log is quoted).
+    pub fn start_version(plane: &ControlPlane, configuration: &str, version: KueueVersion) -> anyhow::Result<Self> {
         let bins = plane.components();
+        let binary = version.manager(bins);
         let kubectl = plane.kubectl();
         let dir = plane.dir().join("kueue");
         std::fs::create_dir_all(&dir)?;
-        kubectl.run(&["apply", "--server-side", "-f", path_str(&bins.kueue_crds)?])?;
-        kubectl.run(&["wait", "--for=condition=established", "crd", "--all", "--timeout=60s"])?;
+        kubectl.run(&["apply", "--server-side", "--force-conflicts", "-f", path_str(&binary.with_file_name("crds"))?])?;
+        kubectl.wait_crds_established(Duration::from_secs(60))?;
         if kubectl.run(&["get", "namespace", "kueue-system", "-o", "name"]).is_err() {
             kubectl.run(&["create", "namespace", "kueue-system"])?;
         }
 
         let ca = make_certificates(&dir)?;
         let (webhook_port, health_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
-        let webhooks = bins.kueue_manager.with_file_name("webhooks.yaml");
+        let webhooks = binary.with_file_name("webhooks.yaml");
         register_webhooks(kubectl, &webhooks, webhook_port, &ca)?;
 
         let config = dir.join("config.yaml");
@@ -73,7 +116,7 @@ internalCertManagement:\n  enable: false\n",
         )?;
         let manager = ManagedProcess::spawn(
             "kueue-manager",
-            &bins.kueue_manager,
+            binary,
             &[kc, format!("--config={}", config.display()), "--zap-log-level=2".into()],
             plane.dir(),
         )?;
@@ -223,7 +266,14 @@ fn base64(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::base64;
+    use super::{KueueVersion, base64};
+
+    #[test]
+    fn a_configuration_naming_a_v0_19_gate_needs_v0_19() {
+        let gate = "featureGates:\n  KueueDRAIntegrationConsumableCapacity: true\n";
+        assert_eq!(KueueVersion::for_configuration(gate), KueueVersion::V019);
+        assert_eq!(KueueVersion::for_configuration("integrations:\n  frameworks: [batch/job]\n"), KueueVersion::V018);
+    }
 
     #[test]
     fn base64_pads_like_the_standard() {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::chart::{chart_dir, run_as_daemonset_pod};
 use common::{DRIVER, cdi_check, claim_response};
 use serde_json::Value;
-use vgpu_dra_integration::kueue::Kueue;
+use vgpu_dra_integration::kueue::{Kueue, KueueVersion};
 use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
@@ -175,13 +175,19 @@ impl Docs {
                 assert!(list["items"][0]["spec"]["devices"][0]["capacity"]["shares"]["value"].is_string(), "{list}");
             }
             ("yaml", "kueue-config") => {
-                let config = self.file(block);
-                let out = Command::new(&self.plane.components().kueue_check).arg(&config).output().unwrap();
-                assert!(out.status.success(), "{}: {}", block.at(), String::from_utf8_lossy(&out.stderr));
+                // The release the block needs: v0.19 when it names a v0.19 gate. kueue-check
+                // decodes with v0.18's types; v0.19's manager decodes its file as strictly.
+                let version = KueueVersion::for_configuration(&block.body);
+                if version == KueueVersion::V018 {
+                    let config = self.file(block);
+                    let out = Command::new(&self.plane.components().kueue_check).arg(&config).output().unwrap();
+                    assert!(out.status.success(), "{}: {}", block.at(), String::from_utf8_lossy(&out.stderr));
+                }
                 // The real manager runs with it, and serves the blocks that follow (its webhooks
                 // fail closed for Kueue's kinds, so it must stay up until the next one).
                 drop(self.kueue.take());
-                let kueue = Kueue::start(&self.plane, &block.body).unwrap_or_else(|e| panic!("{}: {e:#}", block.at()));
+                let kueue =
+                    Kueue::start_version(&self.plane, &block.body, version).unwrap_or_else(|e| panic!("{}: {e:#}", block.at()));
                 self.kueue = Some(kueue);
             }
             (lang, tag) => panic!("{}: a {lang:?} block tagged {tag:?} is neither run nor output", block.at()),
@@ -269,7 +275,7 @@ fn every_docs_example_runs() {
     plane.create_node(NODE).unwrap();
     let crds = plane.components().kueue_crds.clone();
     plane.kubectl().run(&["apply", "--server-side", "-f", crds.to_str().unwrap()]).unwrap();
-    plane.kubectl().run(&["wait", "--for=condition=established", "crd", "--all", "--timeout=60s"]).unwrap();
+    plane.kubectl().wait_crds_established(Duration::from_secs(60)).unwrap();
     let scratch = plane.dir().join("docs");
     std::fs::create_dir_all(&scratch).unwrap();
     let mut docs = Docs { plane, driver: None, kubelet: None, kueue: None, scratch };

@@ -3,14 +3,16 @@
 //! unsuspends them, and kube-controller-manager's Job controller then makes their pods. Then source
 //! document 003 end to end: HAMi-style Jobs counted by ResourceTransformations, their pods
 //! converted by the vgpu-dra webhook, their claims allocated by the scheduler and prepared by the
-//! driver; the Job over quota waits until one is deleted.
+//! driver; the Job over quota waits until one is deleted. Last, the DRA-native path with Kueue
+//! v0.19: Jobs whose pods use a ResourceClaimTemplate, counted by the memory they ask of the card
+//! (`KueueDRAIntegrationConsumableCapacity`).
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
 use serde_json::Value;
-use vgpu_dra_integration::kueue::Kueue;
+use vgpu_dra_integration::kueue::{Kueue, KueueVersion};
 use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, driver_binary, eventually, free_port};
 
 mod common;
@@ -324,18 +326,19 @@ struct Share {
     uid: String,
 }
 
-/// Waits for `job`'s pod, checks that the vgpu-dra webhook converted it and that Kueue placed it
-/// on the flavor's nodes, waits for its claim's allocation and prepares it as the kubelet would,
-/// checking HAMi-core's limits in the CDI spec.
+/// Waits for `job`'s pod in `namespace`, checks that it asks through a claim template (made by
+/// the vgpu-dra webhook, or written so) and that Kueue placed it on the flavor's nodes, waits for
+/// its claim's allocation and prepares it as the kubelet would, checking HAMi-core's limits in
+/// the CDI spec.
 fn run_on_card(
     plane: &mut ControlPlane,
     kueue: &mut Kueue,
     kubelet: &mut vgpu_dra_integration::KubeletSim,
     dirs: &Dirs,
-    job: &str,
+    (namespace, job): (&str, &str),
 ) -> anyhow::Result<Share> {
     let kubectl = plane.kubectl().clone();
-    let pod = wait_running(kueue, &kubectl, DEMO, job)?;
+    let pod = wait_running(kueue, &kubectl, namespace, job)?;
     let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
     let spec = &pod["spec"];
     assert!(spec["resourceClaims"][0]["resourceClaimTemplateName"].is_string(), "not converted: {pod:#}");
@@ -343,16 +346,16 @@ fn run_on_card(
     assert!(limits.get("nvidia.com/gpu").is_none() && limits.get("nvidia.com/gpumem").is_none(), "{pod:#}");
     assert_eq!(spec["nodeSelector"]["nvidia.com/gpu.product"], "Tesla-T4", "Kueue's flavor not applied: {pod:#}");
     let claim = eventually(&format!("the claim of pod {name}"), Duration::from_secs(30), || {
-        let list = kubectl.get_json(&["resourceclaims", "-n", DEMO])?;
+        let list = kubectl.get_json(&["resourceclaims", "-n", namespace])?;
         Ok(list["items"].as_array().into_iter().flatten().find(|c| owned_by(c, "Pod", &name)).cloned())
     })?;
     let claim_name = claim["metadata"]["name"].as_str().unwrap().to_owned();
     let uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
-    let result = plane.wait_allocated(DEMO, &claim_name, Duration::from_secs(60))?;
+    let result = plane.wait_allocated(namespace, &claim_name, Duration::from_secs(60))?;
     assert_eq!(result["device"], "hami-gpu-0", "{result}");
     assert_eq!(result["consumedCapacity"]["cores"], "50", "{result}");
     assert!(matches!(result["consumedCapacity"]["memory"].as_str(), Some("4Gi" | "4294967296")), "{result}");
-    let reply = kubelet.prepare(&[(DEMO, &claim_name, &uid)])?;
+    let reply = kubelet.prepare(&[(namespace, &claim_name, &uid)])?;
     let r = claim_response(&reply, &uid);
     anyhow::ensure!(r.get("error").is_none_or(|e| e.as_str() == Some("")), "prepare failed: {reply}");
     let id = r["devices"][0]["cdi_device_ids"][0].as_str().unwrap().to_owned();
@@ -370,6 +373,27 @@ fn assert_counted(workload: &Value) {
     assert_eq!(usage["nvidia.com/total-gpumem"], "4096", "{workload:#}");
     assert_eq!(usage["nvidia.com/total-gpucores"], "50", "{workload:#}");
     assert!(usage.get("nvidia.com/gpumem").is_none(), "{workload:#}");
+}
+
+/// Deletes Job `job` that runs on `share`; as the kubelet would, the node releases its claim (the
+/// CDI spec is removed) and the pod goes (no kubelet runs here to finish it), and with it the claim.
+fn delete_job(
+    kubectl: &Kubectl,
+    kubelet: &mut vgpu_dra_integration::KubeletSim,
+    dirs: &Dirs,
+    (namespace, job): (&str, &str),
+    share: &Share,
+) -> anyhow::Result<()> {
+    kubectl.run(&["delete", "job", job, "-n", namespace])?;
+    kubelet.unprepare(&[(namespace, &share.claim, &share.uid)])?;
+    let spec_left =
+        std::fs::read_dir(&dirs.cdi)?.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().contains(&share.uid));
+    assert!(!spec_left, "the CDI spec of {} was not removed", share.claim);
+    let pod = share.pod["metadata"]["name"].as_str().unwrap();
+    kubectl.run(&["delete", "pod", pod, "-n", namespace, "--grace-period=0", "--force", "--ignore-not-found"])?;
+    eventually("the deleted Job's claim gone with its pod", Duration::from_secs(60), || {
+        Ok(kubectl.run(&["get", "resourceclaim", &share.claim, "-n", namespace, "-o", "name"]).is_err().then_some(()))
+    })
 }
 
 #[test]
@@ -415,7 +439,7 @@ fn seed_steps(
         let workload = wait_admitted(kueue, &kubectl, DEMO, job)?;
         assert_eq!(workload["status"]["admission"]["clusterQueue"], "hami-cq", "{workload:#}");
         assert_counted(&workload);
-        shares.push(run_on_card(plane, kueue, kubelet, dirs, job)?);
+        shares.push(run_on_card(plane, kueue, kubelet, dirs, (DEMO, job))?);
     }
 
     // The third waits: suspended, no pod, Kueue's quota message; the queue is full.
@@ -443,22 +467,221 @@ fn seed_steps(
     assert_eq!(total("nvidia.com/total-gpumem"), Some("8192".into()), "{cq:#}");
     assert_eq!(total("nvidia.com/total-gpucores"), Some("100".into()), "{cq:#}");
 
-    // Deleting the first frees its quota; as the kubelet would, the node releases its claim and
-    // the pod goes (no kubelet runs here to finish it). The third is admitted and runs on the
-    // freed share.
-    let first = shares.remove(0);
-    kubectl.run(&["delete", "job", "hami-kueue-running-a", "-n", DEMO])?;
-    kubelet.unprepare(&[(DEMO, &first.claim, &first.uid)])?;
-    let spec_left =
-        std::fs::read_dir(&dirs.cdi)?.filter_map(Result::ok).any(|e| e.file_name().to_string_lossy().contains(&first.uid));
-    assert!(!spec_left, "the CDI spec of {} was not removed", first.claim);
-    let first_pod = first.pod["metadata"]["name"].as_str().unwrap();
-    kubectl.run(&["delete", "pod", first_pod, "-n", DEMO, "--grace-period=0", "--force", "--ignore-not-found"])?;
-    eventually("the deleted Job's claim gone with its pod", Duration::from_secs(60), || {
-        Ok(kubectl.run(&["get", "resourceclaim", &first.claim, "-n", DEMO, "-o", "name"]).is_err().then_some(()))
-    })?;
+    // Deleting the first frees its quota; the third is admitted and runs on the freed share.
+    delete_job(&kubectl, kubelet, dirs, (DEMO, "hami-kueue-running-a"), &shares.remove(0))?;
     let workload = wait_admitted(kueue, &kubectl, DEMO, pending)?;
     assert_counted(&workload);
-    run_on_card(plane, kueue, kubelet, dirs, pending)?;
+    run_on_card(plane, kueue, kubelet, dirs, (DEMO, pending))?;
     kueue.check_running()
+}
+
+/// Kueue v0.19's DRA-native quota: the memory a claim template asks of a hami-core-gpu card,
+/// counted against the queue (`sources[].capacity`, alpha behind
+/// `KueueDRAIntegrationConsumableCapacity`).
+const DRA_CONFIG: &str = r#"apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+featureGates:
+  KueueDRAIntegrationConsumableCapacity: true
+integrations:
+  frameworks:
+  - batch/job
+resources:
+  deviceClassMappings:
+  - name: hami.io/gpu-memory
+    deviceClassNames:
+    - hami-core-gpu.project-hami.io
+    sources:
+    - capacity:
+        name: memory
+        driver: hami-core-gpu.project-hami.io
+        deviceSelector:
+          cel:
+            expression: device.driver == "hami-core-gpu.project-hami.io"
+"#;
+
+/// A second mapping of the same DeviceClass, for its `cores`: what a quota on both would need.
+const DRA_CORES_MAPPING: &str = r#"  - name: hami.io/gpu-cores
+    deviceClassNames:
+    - hami-core-gpu.project-hami.io
+    sources:
+    - capacity:
+        name: cores
+        driver: hami-core-gpu.project-hami.io
+        deviceSelector:
+          cel:
+            expression: device.driver == "hami-core-gpu.project-hami.io"
+"#;
+
+const DRA_DEMO: &str = "dra-kueue-demo";
+
+/// 8Gi of T4 memory for the namespace's Jobs, and the claim template they use (4Gi, 50 cores).
+const DRA_QUEUES: &str = r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: dra-kueue-demo
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ResourceFlavor
+metadata:
+  name: hami-t4
+spec:
+  nodeLabels:
+    nvidia.com/gpu.product: Tesla-T4
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: ClusterQueue
+metadata:
+  name: dra-memory-cq
+spec:
+  namespaceSelector: {}
+  resourceGroups:
+  - coveredResources: [hami.io/gpu-memory]
+    flavors:
+    - name: hami-t4
+      resources:
+      - name: hami.io/gpu-memory
+        nominalQuota: 8Gi
+---
+apiVersion: kueue.x-k8s.io/v1beta2
+kind: LocalQueue
+metadata:
+  name: dra-queue
+  namespace: dra-kueue-demo
+spec:
+  clusterQueue: dra-memory-cq
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: gpu-4g-50
+  namespace: dra-kueue-demo
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: hami-core-gpu.project-hami.io
+          capacity:
+            requests:
+              memory: 4Gi
+              cores: "50"
+"#;
+
+/// A Job whose pod asks for its share of a card through the claim template.
+fn dra_job(name: &str) -> String {
+    format!(
+        r#"apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {name}
+  namespace: dra-kueue-demo
+  labels:
+    kueue.x-k8s.io/queue-name: dra-queue
+spec:
+  template:
+    spec:
+      restartPolicy: Never
+      resourceClaims:
+      - name: gpu
+        resourceClaimTemplateName: gpu-4g-50
+      containers:
+      - name: cuda
+        image: nvcr.io/nvidia/cuda:12.6.0-base-ubuntu24.04
+        command: ["bash", "-c", "nvidia-smi && sleep 3600"]
+        resources:
+          claims:
+          - name: gpu
+"#
+    )
+}
+
+#[test]
+fn kueue_v0_19_counts_claim_template_memory_against_a_queue() {
+    let mut plane = ControlPlane::start().expect("control plane");
+    if let Err(e) = dra_scenario(&mut plane) {
+        panic!("{e:#}");
+    }
+}
+
+fn dra_scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
+    let kubectl = plane.kubectl().clone();
+    plane.create_node(common::NODE)?;
+    kubectl.run(&["label", "node", common::NODE, "nvidia.com/gpu.product=Tesla-T4"])?;
+    kubectl.apply(DEVICE_CLASS)?;
+    let dirs = Dirs::new(plane.dir());
+    let mut drv = driver(plane, &dirs, "driver");
+    let mut kubelet = kubelet(&dirs);
+
+    // One dimension per DeviceClass: v0.19.2 refuses a second capacity mapping (cores) of the
+    // class whose memory is already mapped; only counter sources may share a class.
+    let both = format!("{DRA_CONFIG}{DRA_CORES_MAPPING}");
+    assert_eq!(KueueVersion::for_configuration(&both), KueueVersion::V019);
+    let refused = Kueue::start_version(plane, &both, KueueVersion::V019).err().expect("a cores mapping beside memory refused");
+    let refused = format!("{refused:#}");
+    assert!(
+        refused.contains("device class already mapped to resource hami.io/gpu-memory")
+            && refused.contains("deviceClassMappings[1]"),
+        "{refused}"
+    );
+
+    let mut kueue = Kueue::start_version(plane, DRA_CONFIG, KueueVersion::for_configuration(DRA_CONFIG))?;
+    let outcome = dra_steps(plane, &mut kueue, &mut kubelet, &dirs);
+    if outcome.is_err() {
+        eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
+    }
+    outcome?;
+    drv.check_running()
+}
+
+fn dra_steps(
+    plane: &mut ControlPlane,
+    kueue: &mut Kueue,
+    kubelet: &mut vgpu_dra_integration::KubeletSim,
+    dirs: &Dirs,
+) -> anyhow::Result<()> {
+    let kubectl = plane.kubectl().clone();
+    kubectl.apply(DRA_QUEUES)?;
+
+    // Two Jobs admitted in turn, each counted by the 4Gi its claim asks (not by its one device,
+    // and not by its cores), then allocated and prepared on the card.
+    let mut shares = Vec::new();
+    for job in ["dra-running-a", "dra-running-b"] {
+        kubectl.run_with_input(&["apply", "-f", "-"], Some(&dra_job(job)))?;
+        let workload = wait_admitted(kueue, &kubectl, DRA_DEMO, job)?;
+        assert_eq!(workload["status"]["admission"]["clusterQueue"], "dra-memory-cq", "{workload:#}");
+        assert_memory_counted(&workload);
+        shares.push(run_on_card(plane, kueue, kubelet, dirs, (DRA_DEMO, job))?);
+    }
+
+    // The third waits for quota: suspended, no pod, Kueue's message in binary units.
+    let pending = "dra-pending-c";
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(&dra_job(pending)))?;
+    let message = wait_held(kueue, &kubectl, DRA_DEMO, pending)?;
+    assert!(message.contains("insufficient unused quota for hami.io/gpu-memory in flavor hami-t4, 4Gi more needed"), "{message}");
+    assert!(suspended(&kubectl, DRA_DEMO, pending)?);
+    assert!(pods_of(&kubectl, DRA_DEMO, pending)?.is_empty());
+    let cq = eventually("dra-memory-cq's usage", Duration::from_secs(30), || {
+        let cq = kubectl.get_json(&["clusterqueue", "dra-memory-cq"])?;
+        Ok((cq["status"]["admittedWorkloads"] == 2 && cq["status"]["pendingWorkloads"] == 1).then_some(cq))
+    })?;
+    let usage = &cq["status"]["flavorsUsage"][0];
+    assert_eq!(usage["name"], "hami-t4", "{cq:#}");
+    assert_eq!(usage["resources"][0]["name"], "hami.io/gpu-memory", "{cq:#}");
+    assert_eq!(usage["resources"][0]["total"], "8Gi", "{cq:#}");
+
+    // Deleting one frees 4Gi: the third is admitted and runs on the freed share.
+    delete_job(&kubectl, kubelet, dirs, (DRA_DEMO, "dra-running-a"), &shares.remove(0))?;
+    let workload = wait_admitted(kueue, &kubectl, DRA_DEMO, pending)?;
+    assert_memory_counted(&workload);
+    run_on_card(plane, kueue, kubelet, dirs, (DRA_DEMO, pending))?;
+    kueue.check_running()
+}
+
+fn assert_memory_counted(workload: &Value) {
+    let usage = &workload["status"]["admission"]["podSetAssignments"][0]["resourceUsage"];
+    assert_eq!(usage["hami.io/gpu-memory"], "4Gi", "{workload:#}");
+    assert_eq!(usage.as_object().map(|u| u.len()), Some(1), "only the memory is counted: {workload:#}");
+    let flavors = &workload["status"]["admission"]["podSetAssignments"][0]["flavors"];
+    assert_eq!(flavors["hami.io/gpu-memory"], "hami-t4", "{workload:#}");
 }

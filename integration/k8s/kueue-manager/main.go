@@ -1,6 +1,8 @@
 // kueue-manager is Kueue's controller manager for the test bed: Kueue's own controllers, scheduler,
 // caches and admission webhooks, wired the way kueue-controller-manager wires them, with one job
-// integration linked: batch/v1 Job.
+// integration linked: batch/v1 Job. One source for Kueue v0.18 and v0.19: what differs between
+// the two releases' APIs is in compat_v018.go and compat_v019.go, chosen by the build tag
+// kueue_v019 (build.sh builds v0.19.x with it, beside its compat file only).
 //
 // Why not Kueue's cmd/kueue: it links every job integration, one of which (Kubeflow Trainer) Kueue
 // pins at a commit the Go module proxy does not serve; and with Kueue's internal certificate
@@ -8,8 +10,9 @@
 // server takes its certificate from the Configuration (webhook.certDir, tls.crt and tls.key) and
 // the metrics server is plain HTTP on the configured address (the test bed binds it to loopback).
 // Left out: MultiKueue, provisioning requests, concurrent admission, failure recovery, the
-// visibility server and leader election; a Configuration or feature gate asking for them is
-// refused rather than ignored.
+// visibility server, leader election and (v0.19) the scheduling simulator of
+// SchedulerLibraryIntegration; a Configuration or feature gate asking for them is refused rather
+// than ignored.
 //
 //	kueue-manager --config FILE [--feature-gates K=V,...] [--kubeconfig FILE]
 package main
@@ -101,9 +104,11 @@ func newScheme() (*runtime.Scheme, error) {
 	return scheme, err
 }
 
-// unlinked are the feature gates whose controllers this binary leaves out: turned off here (two,
-// MultiKueue and VisibilityOnDemand, are on by default in Kueue); turning one on is refused.
-var unlinked = []string{"MultiKueue", "VisibilityOnDemand", "ConcurrentAdmission", "FailureRecoveryPolicy"}
+// unlinked are the feature gates whose controllers this binary leaves out, with the release's
+// own (unlinkedInRelease): turned off here (two, MultiKueue and VisibilityOnDemand, are on by
+// default in Kueue); turning one on is refused.
+var unlinked = append([]string{"MultiKueue", "VisibilityOnDemand", "ConcurrentAdmission", "FailureRecoveryPolicy"},
+	unlinkedInRelease...)
 
 // withUnlinkedOff turns off each unlinked gate that neither the Configuration nor the command
 // line names, where the gates are given (Kueue refuses gates given in both places), and returns
@@ -159,7 +164,9 @@ func run(configFile, featureGates string) error {
 	if err := config.Validate(&cfg, scheme).ToAggregate(); err != nil {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
-	config.AddWebhookSettingsTo(&options, &cfg)
+	if err := addWebhookSettings(&options, &cfg); err != nil {
+		return fmt.Errorf("webhook server: %w", err)
+	}
 	options.Metrics = metricsserver.Options{BindAddress: cfg.Metrics.BindAddress}
 	metrics.Register()
 
@@ -173,7 +180,6 @@ func run(configFile, featureGates string) error {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
 
-	cacheOpts, queueOpts := cacheOptions(&cfg)
 	var draMapper *dra.ResourceMapper
 	var draBacked *dra.ExtendedResourceCache
 	if features.Enabled(features.KueueDRAIntegration) {
@@ -183,6 +189,12 @@ func run(configFile, featureGates string) error {
 				return fmt.Errorf("deviceClassMappings: %w", err)
 			}
 		}
+	}
+	rel := newRelease(mgr, draMapper)
+	cacheOpts, queueOpts := cacheOptions(&cfg)
+	cacheOpts = append(cacheOpts, rel.cacheOptions()...)
+	queueOpts = append(queueOpts, rel.queueOptions()...)
+	if draBacked != nil {
 		queueOpts = append(queueOpts, qcache.WithDRABackedResources(draBacked))
 	}
 	cCache := schdcache.New(mgr.GetClient(), cacheOpts...)
@@ -197,7 +209,7 @@ func run(configFile, featureGates string) error {
 	if err := indexer.Setup(ctx, mgr.GetFieldIndexer()); err != nil {
 		return fmt.Errorf("indexes: %w", err)
 	}
-	if features.Enabled(features.KueueDRAIntegrationPartitionableDevices) {
+	if rel.resourceSlices {
 		if err := core.SetupResourceSliceIndexer(ctx, mgr.GetFieldIndexer()); err != nil {
 			return fmt.Errorf("ResourceSlice index: %w", err)
 		}
@@ -226,6 +238,7 @@ func run(configFile, featureGates string) error {
 	}
 
 	coreOpts := core.SetupControllersOpts{PreemptionExpectations: expectations, DRAMapper: draMapper, DRABackedResources: draBacked}
+	rel.setCoreOptions(&coreOpts)
 	if failed, err := core.SetupControllers(mgr, queues, cCache, &cfg, coreOpts); err != nil {
 		return fmt.Errorf("controller %s: %w", failed, err)
 	}
@@ -248,10 +261,12 @@ func run(configFile, featureGates string) error {
 	go queues.CleanUpOnContext(ctx)
 	go cCache.CleanUpOnContext(ctx)
 
-	sched := scheduler.New(queues, cCache, mgr.GetClient(), mgr.GetEventRecorder(constants.AdmissionName),
+	schedOpts := append([]scheduler.Option{
 		scheduler.WithFairSharing(cfg.FairSharing),
 		scheduler.WithAdmissionFairSharing(cfg.AdmissionFairSharing),
-		scheduler.WithPreemptionExpectations(expectations))
+		scheduler.WithPreemptionExpectations(expectations),
+	}, rel.schedulerOptions()...)
+	sched := scheduler.New(queues, cCache, mgr.GetClient(), mgr.GetEventRecorder(constants.AdmissionName), schedOpts...)
 	if err := mgr.Add(sched); err != nil {
 		return fmt.Errorf("adding the scheduler: %w", err)
 	}
@@ -318,7 +333,7 @@ func setupJobs(ctx context.Context, mgr ctrl.Manager, cCache *schdcache.Cache, q
 		jobframework.WithEnabledFrameworks(cfg.Integrations.Frameworks),
 		jobframework.WithEnabledExternalFrameworks(cfg.Integrations.ExternalFrameworks),
 		jobframework.WithManagerName(constants.KueueName),
-		jobframework.WithLabelKeysToCopy(cfg.Integrations.LabelKeysToCopy),
+		labelKeysToCopy(cfg),
 		jobframework.WithCache(cCache),
 		jobframework.WithQueues(queues),
 		jobframework.WithObjectRetentionPolicies(cfg.ObjectRetentionPolicies),
