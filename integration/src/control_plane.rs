@@ -360,4 +360,21 @@ impl Kubectl {
         full.extend_from_slice(&["-o", "json"]);
         Ok(serde_json::from_str(&self.run(&full)?)?)
     }
+
+    /// Waits until every CustomResourceDefinition is Established. `kubectl wait` is not used: it
+    /// fails at once, instead of waiting, on a CRD applied a moment ago that has no conditions yet.
+    ///
+    /// # Errors
+    /// When they are not all established within `timeout`.
+    pub fn wait_crds_established(&self, timeout: std::time::Duration) -> anyhow::Result<()> {
+        crate::eventually("the CRDs established", timeout, || {
+            let list = self.get_json(&["crd"])?;
+            let all = list["items"].as_array().into_iter().flatten().all(|crd| {
+                crd["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"))
+            });
+            Ok(all.then_some(()))
+        })
+    }
 }

@@ -214,13 +214,7 @@ fn install_keys(plane: &ControlPlane) -> anyhow::Result<()> {
 fn cert_manager(plane: &ControlPlane) -> anyhow::Result<()> {
     let kubectl = plane.kubectl();
     kubectl.apply(CERT_MANAGER_STAND_INS)?;
-    kubectl.run(&[
-        "wait",
-        "--for=condition=established",
-        "crd/issuers.cert-manager.io",
-        "crd/certificates.cert-manager.io",
-        "--timeout=60s",
-    ])?;
+    kubectl.wait_crds_established(Duration::from_secs(60))?;
     kubectl.run(&["create", "namespace", "certs"])?;
     let rendered = template(plane, "cm", "certs", &["webhook.certManager.enabled=true", "webhook.certificate.validityDays=30"])?;
     let objects = dry_run(plane, &rendered)?;

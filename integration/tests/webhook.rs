@@ -301,7 +301,7 @@ spec:
 fn install_volcano_job_crd(plane: &ControlPlane) {
     let crd = plane.components().volcano_crds.join("batch.volcano.sh_jobs.yaml");
     plane.kubectl().run(&["apply", "--server-side", "-f", crd.to_str().unwrap()]).unwrap();
-    plane.kubectl().run(&["wait", "--for=condition=established", "crd/jobs.batch.volcano.sh", "--timeout=60s"]).unwrap();
+    plane.kubectl().wait_crds_established(Duration::from_secs(60)).unwrap();
 }
 
 /// Source document 001's device configuration, unchanged, makes the webhook convert Volcano's
