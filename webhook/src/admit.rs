@@ -267,20 +267,10 @@ fn asks_for_own_resources(pod: &Pod, settings: &CompatSettings) -> bool {
 /// A refusal for a cluster failure: the pod cannot be converted now, and letting it through
 /// unconverted would leave it unschedulable; the client retries.
 fn error_decision(error: &AdmitError) -> Decision {
-    tracing::warn!(error = %error_chain(error), "admission failed");
-    Decision::Deny { message: format!("vgpu-dra webhook: {}; try again", error_chain(error)) }
+    tracing::warn!(error = %crate::error_chain(error), "admission failed");
+    Decision::Deny { message: format!("vgpu-dra webhook: {}; try again", crate::error_chain(error)) }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
 
 /// The real cluster: ResourceSlices listed at most once per `cache_for`, templates created with
 /// every call bounded by `timeout`.
@@ -352,7 +342,7 @@ impl Cluster for KubeCluster {
             // Slices change slowly: an older answer beats refusing every GPU pod.
             Err(e) => match cache.as_ref() {
                 Some((_, facts)) => {
-                    tracing::warn!(error = %error_chain(&e), "using the last known ResourceSlices");
+                    tracing::warn!(error = %crate::error_chain(&e), "using the last known ResourceSlices");
                     Ok(facts.clone())
                 }
                 None => Err(e),

@@ -117,7 +117,7 @@ impl CertSecret {
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(error = chain(&e), "replacing the unreadable certificate Secret");
+                    tracing::warn!(error = crate::error_chain(&e), "replacing the unreadable certificate Secret");
                     secret_text(secret, CA_KEY).unwrap_or_default()
                 }
             },
@@ -158,7 +158,7 @@ impl CertSecret {
                 }
                 Ok(None) => {}
                 // The API server may be starting too: keep waiting, and say why.
-                Err(e) => tracing::warn!(error = chain(&e), "waiting for the certificate Secret"),
+                Err(e) => tracing::warn!(error = crate::error_chain(&e), "waiting for the certificate Secret"),
             }
             tokio::select! {
                 () = cancel.cancelled() => return Ok(None),
@@ -309,22 +309,10 @@ where
                 checked = self.check() => checked,
             };
             if let Err(e) = checked {
-                tracing::warn!(error = chain(&e), retry_in = ?every, "certificate check failed; serving the current certificate");
+                tracing::warn!(error = crate::error_chain(&e), retry_in = ?every, "certificate check failed; serving the current certificate");
             }
         }
     }
-}
-
-/// An error and its causes, one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 #[cfg(test)]
