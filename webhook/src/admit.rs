@@ -12,8 +12,8 @@ use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
-use tokio::sync::Mutex;
 use serde::de::DeserializeOwned;
+use tokio::sync::Mutex;
 use vgpu_scheduling::compat::convert_volcano_job;
 use vgpu_scheduling::{ClassFacts, CompatSettings, convert_pod};
 
@@ -270,7 +270,6 @@ fn error_decision(error: &AdmitError) -> Decision {
     tracing::warn!(error = %crate::error_chain(error), "admission failed");
     Decision::Deny { message: format!("vgpu-dra webhook: {}; try again", crate::error_chain(error)) }
 }
-
 
 /// The real cluster: ResourceSlices listed at most once per `cache_for`, templates created with
 /// every call bounded by `timeout`.

@@ -142,8 +142,9 @@ mod tests {
         let default = Cli::try_parse_from(base).unwrap();
         assert_eq!(default.args.excluded_namespaces, ["kube-system"]);
         assert!(default.args.volcano_jobs);
-        let set = Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,monitoring", "--volcano-jobs=false"]].concat())
-            .unwrap();
+        let set =
+            Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,monitoring", "--volcano-jobs=false"]].concat())
+                .unwrap();
         assert_eq!(set.args.excluded_namespaces, ["kube-system", "monitoring"]);
         assert!(!set.args.volcano_jobs);
         let err = Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,Bad_NS"]].concat()).unwrap_err();

@@ -130,7 +130,11 @@ pub enum RegistrationError {
 /// # Errors
 /// [`RegistrationError::Owner`] when it cannot be read, [`RegistrationError::Timeout`] when the
 /// API server does not answer within `timeout`.
-pub async fn cluster_role_owner(client: kube::Client, name: &str, timeout: Duration) -> Result<OwnerReference, RegistrationError> {
+pub async fn cluster_role_owner(
+    client: kube::Client,
+    name: &str,
+    timeout: Duration,
+) -> Result<OwnerReference, RegistrationError> {
     let api: Api<ClusterRole> = Api::all(client);
     let role = tokio::time::timeout(timeout, api.get(name))
         .await
@@ -244,7 +248,11 @@ impl Registration {
         });
         let params = PatchParams::apply(MANAGER).force();
         match tokio::time::timeout(timeout, api.patch(&self.name, &params, &Patch::Apply(&value))).await {
-            Err(_) => Err(RegistrationError::Timeout { what: "applying MutatingWebhookConfiguration", name: self.name.clone(), timeout }),
+            Err(_) => Err(RegistrationError::Timeout {
+                what: "applying MutatingWebhookConfiguration",
+                name: self.name.clone(),
+                timeout,
+            }),
             Ok(Err(source)) => Err(RegistrationError::Apply { name: self.name.clone(), source }),
             Ok(Ok(_)) => Ok(()),
         }

@@ -179,6 +179,11 @@ pub(crate) mod tests {
         let err = parse::<Pod>(b"{\"kind\": 3}", "Pod").unwrap_err();
         let out = serde_json::to_value(invalid(&err)).unwrap();
         assert_eq!(out["response"]["allowed"], false);
-        assert!(out["response"]["status"]["message"].as_str().unwrap().contains("not an admission.k8s.io/v1 AdmissionReview of a Pod"));
+        assert!(
+            out["response"]["status"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not an admission.k8s.io/v1 AdmissionReview of a Pod")
+        );
     }
 }

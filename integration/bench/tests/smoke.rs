@@ -14,7 +14,22 @@ fn a_tiny_run_reports_every_figure() {
     let out = out_dir.path().join("results.json");
     let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .args(["--claims", "6", "--sizes", "1,5", "--concurrency", "2", "--steady-seconds", "1", "--wipes", "1", "--nodes", "2", "--webhook-pods", "6"])
+        .args([
+            "--claims",
+            "6",
+            "--sizes",
+            "1,5",
+            "--concurrency",
+            "2",
+            "--steady-seconds",
+            "1",
+            "--wipes",
+            "1",
+            "--nodes",
+            "2",
+            "--webhook-pods",
+            "6",
+        ])
         .arg(format!("--vgpu-dra={}", driver.display()))
         .arg(format!("--out={}", out.display()))
         .output()

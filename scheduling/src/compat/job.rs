@@ -82,8 +82,11 @@ pub fn convert_volcano_job(job: &Value, settings: &CompatSettings, facts: &Class
     for (index, task) in tasks.iter().enumerate() {
         let name = task.get("name").and_then(Value::as_str).map_or_else(|| format!("#{index}"), str::to_owned);
         let Some(raw) = task.get("template") else { continue };
-        let template: PodTemplateSpec = serde_json::from_value(raw.clone())
-            .map_err(|e| JobError::BadTemplate { task: name.clone(), index, reason: e.to_string() })?;
+        let template: PodTemplateSpec = serde_json::from_value(raw.clone()).map_err(|e| JobError::BadTemplate {
+            task: name.clone(),
+            index,
+            reason: e.to_string(),
+        })?;
         let Some(spec) = template.spec else { continue };
         // Volcano copies the template's metadata onto each pod: its annotations are the pod's.
         let annotations = template.metadata.and_then(|m| m.annotations).unwrap_or_default();
