@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 use vgpu_dra_integration::kueue::{Kueue, KueueVersion};
-use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, driver_binary, eventually, free_port};
+use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port};
 
 mod common;
 
+use common::webhook::{self, DEVICE_CLASS};
 use common::{Dirs, cdi_check, claim_response, driver, kubelet};
 
 const NODE: &str = "kueue-node";
@@ -286,36 +287,14 @@ fn seed_job(name: &str) -> String {
     SEED_JOB.replace("hami-kueue-running-a", name).replace("HAMI_KUEUE_RUNNING_A", &marker)
 }
 
-const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: hami-core-gpu.project-hami.io}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "hami-core-gpu.project-hami.io"
-"#;
-
 /// The vgpu-dra webhook, registered by URL, once the API server calls it.
 fn start_vgpu_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
-    let kubectl = plane.kubectl();
-    kubectl.run(&["create", "namespace", "vgpu-dra"])?;
+    plane.kubectl().run(&["create", "namespace", "vgpu-dra"])?;
     let port = free_port()?;
-    let args = [
-        "webhook".to_owned(),
-        format!("--url=https://127.0.0.1:{port}/mutate-pods"),
-        format!("--listen=127.0.0.1:{port}"),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        "--namespace=vgpu-dra".to_owned(),
-        format!("--metrics-address=127.0.0.1:{}", free_port()?),
-    ];
-    let mut webhook = ManagedProcess::spawn("vgpu-dra-webhook", driver_binary()?, &args, plane.dir())?;
+    let metrics = format!("--metrics-address=127.0.0.1:{}", free_port()?);
+    let mut webhook = webhook::spawn(plane, "vgpu-dra-webhook", (port, port), "vgpu-dra", &[metrics])?;
     let probe = "apiVersion: v1\nkind: Pod\nmetadata: {name: probe, namespace: default}\nspec:\n  containers:\n  - name: c\n    image: registry.invalid/none\n    resources: {limits: {nvidia.com/gpu: 1}}\n";
-    eventually("the API server calling the vgpu-dra webhook", Duration::from_secs(60), || {
-        webhook.check_running()?;
-        let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(probe))?;
-        let pod: Value = serde_json::from_str(&out)?;
-        Ok(pod["spec"]["resourceClaims"].is_array().then_some(()))
-    })?;
+    webhook::wait_called(plane, &mut webhook, probe)?;
     Ok(webhook)
 }
 

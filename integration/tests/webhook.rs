@@ -9,10 +9,11 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, ManagedProcess, driver_binary, eventually, free_port};
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, eventually, free_port};
 
 mod common;
 
+use common::webhook::{self, DEVICE_CLASS};
 use common::{Dirs, NODE, cdi_check, claim_response, driver, kubelet};
 
 /// The webhook's own namespace (its Secret lives there; it is never sent to the webhook).
@@ -42,21 +43,8 @@ fn pod_yaml(name: &str, limits: &str, privileged: bool) -> String {
     )
 }
 
-const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: hami-core-gpu.project-hami.io}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "hami-core-gpu.project-hami.io"
-"#;
-
-/// A webhook replica listening on `listen`, registering the URL on port `url_port` (the replicas
-/// of one Service all register the same one).
-fn start_webhook(plane: &ControlPlane, name: &str, listen: u16, url_port: u16, metrics: u16) -> anyhow::Result<ManagedProcess> {
-    start_webhook_with(plane, name, listen, url_port, metrics, &[])
-}
-
+/// A webhook replica listening on `listen`, registering the URL on port `url_port`, serving
+/// metrics on `metrics`.
 fn start_webhook_with(
     plane: &ControlPlane,
     name: &str,
@@ -65,17 +53,9 @@ fn start_webhook_with(
     metrics: u16,
     extra: &[String],
 ) -> anyhow::Result<ManagedProcess> {
-    let mut args: Vec<String> = [
-        "webhook".to_owned(),
-        format!("--url=https://127.0.0.1:{url_port}/mutate-pods"),
-        format!("--listen=127.0.0.1:{listen}"),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        format!("--namespace={WEBHOOK_NAMESPACE}"),
-        format!("--metrics-address=127.0.0.1:{metrics}"),
-    ]
-    .into();
-    args.extend(extra.iter().cloned());
-    ManagedProcess::spawn(name, driver_binary()?, &args, plane.dir())
+    let mut flags = vec![format!("--metrics-address=127.0.0.1:{metrics}")];
+    flags.extend(extra.iter().cloned());
+    webhook::spawn(plane, name, (listen, url_port), WEBHOOK_NAMESPACE, &flags)
 }
 
 #[test]
@@ -130,17 +110,11 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
     // Two replicas starting together race to create the certificate Secret.
     let (port, metrics_port) = (free_port()?, free_port()?);
-    let mut webhook = start_webhook(plane, "webhook", port, port, metrics_port)?;
-    let mut replica = start_webhook(plane, "webhook-replica", free_port()?, port, free_port()?)?;
+    let mut webhook = start_webhook_with(plane, "webhook", port, port, metrics_port, &[])?;
+    let mut replica = start_webhook_with(plane, "webhook-replica", free_port()?, port, free_port()?, &[])?;
     // The API server picks the registration up a moment after it is made: a server-side dry run
     // of the pod shows when it calls the webhook (and, dry, creates no template).
-    let dry = eventually("the API server calling the webhook", Duration::from_secs(60), || {
-        webhook.check_running()?;
-        let out =
-            kubectl.run_with_input(&["create", "--dry-run=server", "-n", "default", "-o", "json", "-f", "-"], Some(SMOKE_POD))?;
-        let pod: Value = serde_json::from_str(&out)?;
-        Ok(pod["spec"]["resourceClaims"].is_array().then_some(pod))
-    })?;
+    let dry = webhook::wait_called(plane, &mut webhook, SMOKE_POD)?;
     assert_eq!(templates(plane)?, 0, "a dry run created a template: {dry}");
     let config = kubectl.get_json(&["mutatingwebhookconfiguration", "vgpu-dra-webhook"])?;
     assert_eq!(config["webhooks"][0]["failurePolicy"], "Fail");
@@ -325,13 +299,7 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     let mut webhook =
         start_webhook_with(&plane, "webhook", port, port, free_port().unwrap(), &[format!("--config={}", config.display())])
             .unwrap();
-    eventually("the API server calling the webhook", Duration::from_secs(60), || {
-        webhook.check_running()?;
-        let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(VOLCANO_SINGLE))?;
-        let pod: Value = serde_json::from_str(&out)?;
-        Ok(pod["spec"]["resourceClaims"].is_array().then_some(()))
-    })
-    .unwrap();
+    webhook::wait_called(&plane, &mut webhook, VOLCANO_SINGLE).unwrap();
     kubectl.run_with_input(&["apply", "-f", "-"], Some(VOLCANO_SINGLE)).unwrap();
     let pod = kubectl.get_json(&["pod", "volcano-vgpu-single", "-n", "volcano-demo"]).unwrap();
     let limits = &pod["spec"]["containers"][0]["resources"]["limits"];

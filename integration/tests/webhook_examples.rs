@@ -20,13 +20,14 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use serde_json::Value;
 use vgpu_dra_integration::{
-    ControlPlane, Kubectl, KubeletSim, ManagedProcess, driver_binary, eventually, free_port, node_host_dir, start_driver,
+    ControlPlane, Kubectl, KubeletSim, ManagedProcess, eventually, free_port, node_host_dir, start_driver,
 };
 use vgpu_scheduling::Quantity;
 use vgpu_scheduling::compat::{TEMPLATE_PREFIX, claim_entry_name};
 
 mod common;
 
+use common::webhook;
 use common::{DRIVER, Dirs, NODE, cdi_check, claim_response, kubelet};
 
 /// The webhook's own namespace: never sent to the webhook.
@@ -154,23 +155,10 @@ impl Bed {
     /// `probe`, a pod it converts (a server-side dry run, which creates nothing).
     fn start_webhook(&mut self, extra: &[String], probe: &str) -> anyhow::Result<()> {
         let (port, metrics) = (free_port()?, free_port()?);
-        let mut args: Vec<String> = vec![
-            "webhook".into(),
-            format!("--url=https://127.0.0.1:{port}/mutate-pods"),
-            format!("--listen=127.0.0.1:{port}"),
-            format!("--kubeconfig={}", self.plane.kubeconfig().display()),
-            format!("--namespace={WEBHOOK_NAMESPACE}"),
-            format!("--metrics-address=127.0.0.1:{metrics}"),
-        ];
-        args.extend(extra.iter().cloned());
-        let mut webhook = ManagedProcess::spawn("webhook", driver_binary()?, &args, self.plane.dir())?;
-        let kubectl = self.kubectl.clone();
-        eventually("the API server calling the webhook", Duration::from_secs(60), || {
-            webhook.check_running()?;
-            let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(probe))?;
-            let pod: Value = serde_json::from_str(&out)?;
-            Ok(pod["spec"]["resourceClaims"].is_array().then_some(()))
-        })?;
+        let mut flags = vec![format!("--metrics-address=127.0.0.1:{metrics}")];
+        flags.extend(extra.iter().cloned());
+        let mut webhook = webhook::spawn(&self.plane, "webhook", (port, port), WEBHOOK_NAMESPACE, &flags)?;
+        webhook::wait_called(&self.plane, &mut webhook, probe)?;
         self.webhook = Some(webhook);
         self.metrics_port = metrics;
         Ok(())

@@ -13,10 +13,11 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, driver_binary, eventually, free_port};
+use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port};
 
 mod common;
 
+use common::webhook::{self, DEVICE_CLASS};
 use common::{Dirs, NODE, driver};
 
 /// The webhook's own namespace, where its Secret lives.
@@ -40,26 +41,10 @@ spec:
       limits: {nvidia.com/gpu: 1}
 "#;
 
-const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: hami-core-gpu.project-hami.io}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "hami-core-gpu.project-hami.io"
-"#;
-
 /// A webhook listening on `port` of loopback and registering that URL.
 fn start_webhook(plane: &ControlPlane, port: u16, extra: &[&str]) -> anyhow::Result<ManagedProcess> {
-    let mut args = vec![
-        "webhook".to_owned(),
-        format!("--url=https://127.0.0.1:{port}/mutate-pods"),
-        format!("--listen=127.0.0.1:{port}"),
-        format!("--kubeconfig={}", plane.kubeconfig().display()),
-        format!("--namespace={NAMESPACE}"),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    ManagedProcess::spawn("webhook", driver_binary()?, &args, plane.dir())
+    let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+    webhook::spawn(plane, "webhook", (port, port), NAMESPACE, &extra)
 }
 
 /// A CA and a serving certificate for 127.0.0.1 signed by it, PEM-encoded: what an issuer

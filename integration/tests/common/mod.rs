@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod chart;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,50 @@
+//! The vgpu-dra webhook as the test bed runs it: a process on loopback that registers its own
+//! URL, and the wait until the API server really calls it.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, driver_binary, eventually};
+
+/// HAMi's DeviceClass, selecting every device of the driver.
+pub const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: hami-core-gpu.project-hami.io}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "hami-core-gpu.project-hami.io"
+"#;
+
+/// `vgpu-dra webhook` named `name`, listening on `listen` and registering the URL on port
+/// `url_port` (replicas of one Service all register the same one), its Secret in `namespace`,
+/// with `extra` flags.
+pub fn spawn(
+    plane: &ControlPlane,
+    name: &str,
+    (listen, url_port): (u16, u16),
+    namespace: &str,
+    extra: &[String],
+) -> anyhow::Result<ManagedProcess> {
+    let mut args = vec![
+        "webhook".to_owned(),
+        format!("--url=https://127.0.0.1:{url_port}/mutate-pods"),
+        format!("--listen=127.0.0.1:{listen}"),
+        format!("--kubeconfig={}", plane.kubeconfig().display()),
+        format!("--namespace={namespace}"),
+    ];
+    args.extend(extra.iter().cloned());
+    ManagedProcess::spawn(name, driver_binary()?, &args, plane.dir())
+}
+
+/// Waits until the API server calls `webhook`: a server-side dry run of `probe` (a pod the
+/// webhook converts; a dry run creates nothing) comes back with claims. Returns that pod.
+pub fn wait_called(plane: &ControlPlane, webhook: &mut ManagedProcess, probe: &str) -> anyhow::Result<Value> {
+    let kubectl = plane.kubectl();
+    eventually("the API server calling the webhook", Duration::from_secs(60), || {
+        webhook.check_running()?;
+        let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(probe))?;
+        let pod: Value = serde_json::from_str(&out)?;
+        Ok(pod["spec"]["resourceClaims"].is_array().then_some(pod))
+    })
+}
