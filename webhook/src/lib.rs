@@ -27,16 +27,7 @@ pub use args::WebhookArgs;
 pub use run::{RunError, run};
 
 /// An error and its causes on one line, for logs and admission messages.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
-}
+pub(crate) use vgpu_scheduling::error_chain;
 
 /// Installs ring as rustls' process-wide provider (once; later calls are no-ops), as the driver
 /// does: kube's client and the serving TLS config both build on the default provider.

@@ -25,6 +25,9 @@ use super::source::{ClaimSource, SourceError};
 use super::toolkit::ToolkitIndex;
 use crate::discovery::{DeviceSource, DiscoveryError};
 
+/// An error with its causes, each once (shared with the other roles).
+pub(super) use vgpu_scheduling::error_chain as chain;
+
 /// One device of a prepare answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedDevice {
@@ -556,21 +559,6 @@ pub(super) fn hold_whole(ledger: &mut Ledger, pending: &Pending, published: &[Pu
 
 pub(super) fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
     published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
-}
-
-/// An error with its causes, each once (a layer that already prints its cause is not repeated).
-pub(super) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let part = c.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// Runs small synchronous file work (fsync included) without stalling the runtime's other tasks.
