@@ -150,9 +150,39 @@ fn kueue_admits_jobs_within_a_cpu_quota() {
     let plane = ControlPlane::start().expect("control plane");
     plane.create_node(NODE).unwrap();
     let mut kueue = Kueue::start(&plane, CPU_CONFIG).expect("kueue");
-    if let Err(e) = cpu_scenario(&plane, &mut kueue) {
-        eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
+    let outcome = cpu_scenario(&plane, &mut kueue);
+    if let Err(e) = with_manager_log(&kueue, outcome) {
         panic!("{e:#}");
+    }
+}
+
+/// Passes `outcome` on, printing Kueue's manager log first when it failed: the test bed prints
+/// its own components' logs, not those of what a test started.
+fn with_manager_log<T>(kueue: &Kueue, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
+    if outcome.is_err() {
+        eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
+    }
+    outcome
+}
+
+/// The node of source document 003: one Tesla T4 of 15Gi (labelled as the GPU operator labels
+/// it, for Kueue's flavor), the DeviceClass, the driver and the kubelet's plugin side.
+struct T4Node {
+    dirs: Dirs,
+    driver: ManagedProcess,
+    kubelet: vgpu_dra_integration::KubeletSim,
+}
+
+impl T4Node {
+    fn start(plane: &ControlPlane) -> anyhow::Result<Self> {
+        let kubectl = plane.kubectl();
+        plane.create_node(common::NODE)?;
+        kubectl.run(&["label", "node", common::NODE, "nvidia.com/gpu.product=Tesla-T4"])?;
+        kubectl.apply(DEVICE_CLASS)?;
+        let dirs = Dirs::new(plane.dir());
+        let driver = driver(plane, &dirs, "driver");
+        let kubelet = kubelet(&dirs);
+        Ok(Self { dirs, driver, kubelet })
     }
 }
 
@@ -384,22 +414,13 @@ fn source_document_003_hami_jobs_under_kueue_quota() {
 }
 
 fn seed_scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
-    let kubectl = plane.kubectl().clone();
-    plane.create_node(common::NODE)?;
-    kubectl.run(&["label", "node", common::NODE, "nvidia.com/gpu.product=Tesla-T4"])?;
-    kubectl.apply(DEVICE_CLASS)?;
-    let dirs = Dirs::new(plane.dir());
-    let mut drv = driver(plane, &dirs, "driver");
-    let mut kubelet = kubelet(&dirs);
+    let mut node = T4Node::start(plane)?;
     let mut webhook = start_vgpu_webhook(plane)?;
     let mut kueue = Kueue::start(plane, SEED_CONFIG)?;
-    let outcome = seed_steps(plane, &mut kueue, &mut kubelet, &dirs);
-    if outcome.is_err() {
-        eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
-    }
-    outcome?;
+    let outcome = seed_steps(plane, &mut kueue, &mut node.kubelet, &node.dirs);
+    with_manager_log(&kueue, outcome)?;
     webhook.check_running()?;
-    drv.check_running()
+    node.driver.check_running()
 }
 
 fn seed_steps(
@@ -584,13 +605,7 @@ fn kueue_v0_19_counts_claim_template_memory_against_a_queue() {
 }
 
 fn dra_scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
-    let kubectl = plane.kubectl().clone();
-    plane.create_node(common::NODE)?;
-    kubectl.run(&["label", "node", common::NODE, "nvidia.com/gpu.product=Tesla-T4"])?;
-    kubectl.apply(DEVICE_CLASS)?;
-    let dirs = Dirs::new(plane.dir());
-    let mut drv = driver(plane, &dirs, "driver");
-    let mut kubelet = kubelet(&dirs);
+    let mut node = T4Node::start(plane)?;
 
     // One dimension per DeviceClass: v0.19.2 refuses a second capacity mapping (cores) of the
     // class whose memory is already mapped; only counter sources may share a class.
@@ -605,12 +620,9 @@ fn dra_scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     );
 
     let mut kueue = Kueue::start_version(plane, DRA_CONFIG, KueueVersion::for_configuration(DRA_CONFIG))?;
-    let outcome = dra_steps(plane, &mut kueue, &mut kubelet, &dirs);
-    if outcome.is_err() {
-        eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
-    }
-    outcome?;
-    drv.check_running()
+    let outcome = dra_steps(plane, &mut kueue, &mut node.kubelet, &node.dirs);
+    with_manager_log(&kueue, outcome)?;
+    node.driver.check_running()
 }
 
 fn dra_steps(
