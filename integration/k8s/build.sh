@@ -209,6 +209,13 @@ build_volcano() {
 }
 
 mkdir -p "$CACHE"
+# One build at a time per cache: two test runs started together (or a test's own call of this
+# script beside scripts/test.sh's) would otherwise build into the same .tmp directories.
+exec 9>"$CACHE/.build.lock"
+if ! flock -n 9; then
+	log "waiting for another build.sh using $CACHE"
+	flock 9
+fi
 start=$SECONDS
 build_etcd
 build_kubernetes
