@@ -21,7 +21,7 @@ HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.18.1}"
 # Kueue's next release, whose manager counts DRA consumable capacity against quotas.
 KUEUE_V019_VERSION="${KUEUE_V019_VERSION:-v0.19.2}"
-# Volcano: the CRDs of its batch Jobs and queues (the webhook converts Jobs' task templates).
+# Volcano: its scheduler, controllers and admission webhook, and its CRDs.
 VOLCANO_VERSION="${VOLCANO_VERSION:-v1.15.1}"
 CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -39,7 +39,8 @@ etcd_bin="$CACHE/etcd-$ETCD_VERSION"
 helm_bin="$CACHE/helm-$HELM_VERSION"
 kueue_hash="$( (cd "$HERE/kueue" && cat go.mod.in main.go) | sha256sum | cut -c1-16)"
 kueue_bin="$CACHE/kueue-$KUEUE_VERSION-$kueue_hash"
-volcano_bin="$CACHE/volcano-$VOLCANO_VERSION"
+volcano_hash="$(sha256sum <"$HERE/volcano/go.mod.in" | cut -c1-16)"
+volcano_bin="$CACHE/volcano-$VOLCANO_VERSION-$volcano_hash"
 kueue_manager_hash="$( (cd "$HERE/kueue-manager" && cat go.mod.in *.go) | sha256sum | cut -c1-16)"
 kueue_manager_bin="$CACHE/kueue-manager-$KUEUE_VERSION-$kueue_manager_hash"
 kueue_manager_v019_bin="$CACHE/kueue-manager-$KUEUE_V019_VERSION-$kueue_manager_hash"
@@ -196,16 +197,74 @@ build_kueue_manager() {
 	log "kueue-manager $version built in $((SECONDS - started)) s"
 }
 
+# Volcano's own scheduler, controller manager and admission webhook server, built from its
+# release's cmd packages (integration/k8s/volcano/go.mod.in), with the release's install manifest
+# (volcano-development.yaml: webhook registrations, scheduler configuration) beside them; and its
+# CRDs (crds/: batch, bus, scheduling, topology, flow, ...), which other tests use without Volcano.
+# A dependent module does not inherit Volcano's replace directives (the k8s.io staging modules at
+# v0.0.0), so they are read from the release's own go.mod. The one to a path inside Volcano's
+# repository, its staging volcano.sh/apis, is not in the module: the version the release requires
+# is taken from the Go module proxy, or, where the proxy does not serve it, from VOLCANO_APIS_DIR
+# (a copy of staging/src/volcano.sh/apis at the release's tag). Such a build is cached apart
+# (suffix -local-apis) and used only while VOLCANO_APIS_DIR is set, so that a machine that has it
+# never passes for one that can build Volcano by itself. When neither is to be had, Volcano's
+# binaries are left out: `volcano-unavailable=<why>` is printed instead, and only the tests that
+# run Volcano fail, with that reason.
+volcano_unavailable=""
 build_volcano() {
-	[[ -d "$volcano_bin/crds" ]] && return
-	log "fetching Volcano $VOLCANO_VERSION's CRDs"
-	local dir
-	dir="$(cd "$CACHE" && go mod download -json "volcano.sh/volcano@$VOLCANO_VERSION" |
-		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')"
-	[[ -d "$dir/config/crd/volcano/bases" ]] || { log "no CRDs in volcano.sh/volcano@$VOLCANO_VERSION"; exit 1; }
-	rm -rf "$volcano_bin.tmp" && mkdir -p "$volcano_bin.tmp/crds"
-	cp "$dir"/config/crd/volcano/bases/*.yaml "$volcano_bin.tmp/crds/"
-	rm -rf "$volcano_bin" && mv "$volcano_bin.tmp" "$volcano_bin"
+	local info gomod dir sha go_line apis_version apis_replace exe_dir="$volcano_bin"
+	if ! [[ -d "$volcano_bin/crds" && -f "$volcano_bin/volcano-development.yaml" ]]; then
+		find "$CACHE" -maxdepth 1 -name "volcano-$VOLCANO_VERSION-*" ! -name "$(basename "$volcano_bin")*" -exec rm -rf {} +
+	fi
+	info="$(cd "$CACHE" && go mod download -json "volcano.sh/volcano@$VOLCANO_VERSION")"
+	gomod="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p' <<<"$info")"
+	dir="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p' <<<"$info")"
+	sha="$(sed -n 's/^[[:space:]]*"Hash": "\(.*\)",*$/\1/p' <<<"$info")"
+	[[ -f "$gomod" && -d "$dir/config/crd/volcano/bases" ]] || { log "volcano.sh/volcano@$VOLCANO_VERSION: no go.mod or CRDs"; exit 1; }
+	if ! [[ -d "$volcano_bin/crds" && -f "$volcano_bin/volcano-development.yaml" ]]; then
+		rm -rf "$volcano_bin.tmp" && mkdir -p "$volcano_bin.tmp/crds"
+		cp "$dir"/config/crd/volcano/bases/*.yaml "$dir"/config/crd/jobflow/bases/*.yaml "$volcano_bin.tmp/crds/"
+		cp "$dir/installer/volcano-development.yaml" "$volcano_bin.tmp/"
+		rm -rf "$volcano_bin" && mv "$volcano_bin.tmp" "$volcano_bin"
+	fi
+	apis_version="$(awk '$1 == "volcano.sh/apis" && $2 ~ /^v/ {print $2; exit}' "$gomod")"
+	if [[ -n "${VOLCANO_APIS_DIR:-}" ]]; then
+		[[ -f "$VOLCANO_APIS_DIR/go.mod" ]] || { log "VOLCANO_APIS_DIR=$VOLCANO_APIS_DIR has no go.mod"; exit 1; }
+		apis_replace="volcano.sh/apis => $(cd "$VOLCANO_APIS_DIR" && pwd)"
+		exe_dir="$volcano_bin-local-apis"
+	elif ! (cd "$CACHE" && go mod download "volcano.sh/apis@$apis_version" >/dev/null 2>&1); then
+		volcano_unavailable="volcano.sh/volcano@$VOLCANO_VERSION needs volcano.sh/apis@$apis_version, which the Go module proxy does not serve; set VOLCANO_APIS_DIR to a copy of it"
+		log "$volcano_unavailable"
+		return
+	fi
+	volcano_exe="$exe_dir"
+	have_all "$exe_dir" vc-scheduler vc-controller-manager vc-webhook-manager && return
+	log "building Volcano $VOLCANO_VERSION${VOLCANO_APIS_DIR:+ with volcano.sh/apis from $VOLCANO_APIS_DIR} (first time only; takes a while on 2 cores)"
+	local src="$CACHE/src/volcano-$VOLCANO_VERSION" started=$SECONDS
+	go_line="$(grep -m1 '^go ' "$gomod")"
+	rm -rf "$src" && mkdir -p "$src"
+	{
+		sed -e "s/@GO_LINE@/$go_line/" -e "s/@VOLCANO_VERSION@/$VOLCANO_VERSION/" "$HERE/volcano/go.mod.in"
+		echo
+		echo "replace ("
+		awk '/^replace[[:space:]]*\(/ {block = 1; next}
+			block && /^\)/ {block = 0; next}
+			block || /^replace[[:space:]]/ {
+				sub(/^replace[[:space:]]+/, ""); sub(/\/\/.*/, ""); sub(/[[:space:]]+$/, ""); sub(/^[[:space:]]+/, "")
+				if ($0 ~ /=>/ && $0 !~ /=>[[:space:]]*(\.\.?)?\//) print "\t" $0
+			}' "$gomod"
+		[[ -z "${apis_replace:-}" ]] || echo "	$apis_replace"
+		echo ")"
+	} >"$src/go.mod"
+	rm -rf "$exe_dir.tmp" && mkdir -p "$exe_dir.tmp"
+	(cd "$src" && go mod tidy >&2 && go build -trimpath \
+		-ldflags "-s -w -X volcano.sh/volcano/pkg/version.Version=$VOLCANO_VERSION -X volcano.sh/volcano/pkg/version.GitSHA=$sha" \
+		-o "$exe_dir.tmp/" volcano.sh/volcano/cmd/scheduler volcano.sh/volcano/cmd/controller-manager \
+		volcano.sh/volcano/cmd/webhook-manager >&2)
+	for name in scheduler controller-manager webhook-manager; do mv "$exe_dir.tmp/$name" "$exe_dir.tmp/vc-$name"; done
+	cp "$volcano_bin/volcano-development.yaml" "$exe_dir.tmp/"
+	rm -rf "$exe_dir" && mv "$exe_dir.tmp" "$exe_dir"
+	log "Volcano $VOLCANO_VERSION built in $((SECONDS - started)) s"
 }
 
 mkdir -p "$CACHE"
@@ -238,3 +297,11 @@ echo "kueue-crds=$kueue_bin/crds"
 echo "kueue-manager=$kueue_manager_bin/kueue-manager"
 echo "kueue-manager-v0-19=$kueue_manager_v019_bin/kueue-manager"
 echo "volcano-crds=$volcano_bin/crds"
+if [[ -n "$volcano_unavailable" ]]; then
+	echo "volcano-unavailable=$volcano_unavailable"
+else
+	for name in vc-scheduler vc-controller-manager vc-webhook-manager; do
+		echo "volcano-${name#vc-}=$volcano_exe/$name"
+	done
+fi
+

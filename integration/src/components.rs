@@ -38,7 +38,34 @@ pub struct Components {
     /// Kueue v0.19's controller manager, from the same source; its release's webhook
     /// registrations (`webhooks.yaml`) and CRDs (`crds/`) are beside it.
     pub kueue_manager_v0_19: PathBuf,
+    /// Volcano's own scheduler, controller manager and admission webhook server, or why
+    /// `build.sh` could not build them (then only the tests that run Volcano fail, with that
+    /// reason).
+    pub volcano: Result<VolcanoComponents, String>,
 }
+
+/// Volcano's binaries, from one release; its install manifest (`volcano-development.yaml`, the
+/// source of its webhook registrations and scheduler configuration) is beside them.
+#[derive(Debug, Clone)]
+pub struct VolcanoComponents {
+    /// `vc-scheduler`.
+    pub scheduler: PathBuf,
+    /// `vc-controller-manager`.
+    pub controller_manager: PathBuf,
+    /// `vc-webhook-manager`.
+    pub webhook_manager: PathBuf,
+}
+
+impl VolcanoComponents {
+    /// The release's install manifest (`installer/volcano-development.yaml`).
+    pub fn install_manifest(&self) -> PathBuf {
+        self.scheduler.with_file_name("volcano-development.yaml")
+    }
+}
+
+/// Volcano's binaries; `build.sh` prints either these or `volcano-unavailable=<why>`.
+const VOLCANO_NAMES: [&str; 3] = ["volcano-scheduler", "volcano-controller-manager", "volcano-webhook-manager"];
+const VOLCANO_UNAVAILABLE: &str = "volcano-unavailable";
 
 const NAMES: [&str; 13] = [
     "etcd",
@@ -72,9 +99,18 @@ fn locate() -> anyhow::Result<Components> {
     let from_env =
         |name: &str| std::env::var_os(format!("VGPU_DRA_BIN_{}", name.to_uppercase().replace('-', "_"))).map(PathBuf::from);
     let mut paths: Vec<PathBuf> = NAMES.iter().filter_map(|n| from_env(n)).collect();
-    if paths.len() != NAMES.len() {
-        paths = build()?;
-    }
+    let volcano_found = VOLCANO_NAMES.iter().all(|n| from_env(n).is_some()) || from_env(VOLCANO_UNAVAILABLE).is_some();
+    let volcano = if paths.len() == NAMES.len() && volcano_found {
+        volcano_from(&from_env)
+    } else {
+        let printed = build()?;
+        let lookup = |name: &str| printed.lines().find_map(|l| l.strip_prefix(&format!("{name}="))).map(PathBuf::from);
+        paths = NAMES
+            .iter()
+            .map(|name| lookup(name).with_context(|| format!("build.sh printed no path for {name}")))
+            .collect::<anyhow::Result<_>>()?;
+        volcano_from(&lookup)
+    };
     for (name, p) in NAMES.iter().zip(&paths) {
         let present = if name.ends_with("-crds") { p.is_dir() } else { p.is_file() };
         if !present {
@@ -110,24 +146,32 @@ fn locate() -> anyhow::Result<Components> {
         volcano_crds,
         kueue_manager,
         kueue_manager_v0_19,
+        volcano,
     })
 }
 
-fn build() -> anyhow::Result<Vec<PathBuf>> {
+/// Volcano's binaries as `lookup` names them, or why there are none.
+fn volcano_from(lookup: &dyn Fn(&str) -> Option<PathBuf>) -> Result<VolcanoComponents, String> {
+    if let Some(why) = lookup(VOLCANO_UNAVAILABLE) {
+        return Err(format!("build.sh could not build Volcano: {}", why.display()));
+    }
+    let path = |name: &str| {
+        let p = lookup(name).ok_or_else(|| format!("build.sh printed no path for {name}"))?;
+        if p.is_file() { Ok(p) } else { Err(format!("{name}: {} does not exist", p.display())) }
+    };
+    Ok(VolcanoComponents {
+        scheduler: path(VOLCANO_NAMES[0])?,
+        controller_manager: path(VOLCANO_NAMES[1])?,
+        webhook_manager: path(VOLCANO_NAMES[2])?,
+    })
+}
+
+/// Runs `build.sh` and returns what it printed: `NAME=PATH` lines.
+fn build() -> anyhow::Result<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/build.sh");
     let out = Command::new(&script).output().with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!("{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
     }
-    let stdout = String::from_utf8(out.stdout)?;
-    NAMES
-        .iter()
-        .map(|name| {
-            stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{name}=")))
-                .map(PathBuf::from)
-                .with_context(|| format!("build.sh printed no path for {name}"))
-        })
-        .collect()
+    Ok(String::from_utf8(out.stdout)?)
 }

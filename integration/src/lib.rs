@@ -11,8 +11,9 @@ mod driver;
 mod kubelet_sim;
 pub mod kueue;
 mod process;
+pub mod volcano;
 
-pub use components::{Components, components};
+pub use components::{Components, VolcanoComponents, components};
 pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, write_kubeconfig};
 pub use driver::{driver_binary, node_host_dir, start_driver, start_driver_as};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};

@@ -64,6 +64,8 @@ fn chart_lints_and_refuses_bad_values() {
         ("webhook.certificate.checkSeconds=1", "/webhook/certificate/checkSeconds"),
         ("webhook.certManager.enabled=yes", "/webhook/certManager/enabled"),
         ("webhook.certManager.issuerRef.name=corp-ca", "/webhook/certManager/issuerRef"),
+        ("webhook.volcano.cpuRequest=lots", "/webhook/volcano/cpuRequest"),
+        ("webhook.volcano.schedulerNames={a,b,a}", "/webhook/volcano/schedulerNames"),
         ("devicePlugin.enabled=maybe", "/devicePlugin/enabled"),
         ("devicePlugin.deviceSplitCount=4", "deviceSplitCount"),
         ("hami-dra.drivers.nvidia.containerDriver=maybe", "/hami-dra/drivers/nvidia/containerDriver"),
@@ -157,6 +159,11 @@ fn install_keys(plane: &ControlPlane) -> anyhow::Result<()> {
     let ds = find(&objects, "DaemonSet", "hami-vgpu-dra")?;
     let args = container_args(ds);
     anyhow::ensure!(args.contains(&"--dev-root=/dev".to_owned()), "host driver: {args:?}");
+    // Volcano's pods keep a request Volcano counts (docs/volcano.md).
+    let args = container_args(find(&objects, "Deployment", "hami-vgpu-dra-webhook")?);
+    for want in ["--volcano-scheduler-names=volcano", "--volcano-cpu-request=1m"] {
+        anyhow::ensure!(args.contains(&want.to_owned()), "webhook: {want} missing from {args:?}");
+    }
 
     // The driver root: the host's by default and for containerDriver=false; the GPU Operator's
     // driver container's for true, its parent mounted so a driver container that starts later is

@@ -304,6 +304,9 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     let pod = kubectl.get_json(&["pod", "volcano-vgpu-single", "-n", "volcano-demo"]).unwrap();
     let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
     assert!(limits.get("volcano.sh/vgpu-memory").is_none(), "{pod:#}");
+    // Volcano's pod requests nothing else: it keeps a cpu request, so Volcano does not take it
+    // for a best-effort task (docs/volcano.md).
+    assert_eq!(pod["spec"]["containers"][0]["resources"]["requests"], serde_json::json!({"cpu": "1m"}), "{pod:#}");
     let claim = eventually("the pod's claim", Duration::from_secs(30), || {
         let list = kubectl.get_json(&["resourceclaims", "-n", "volcano-demo"])?;
         Ok(list["items"].get(0).cloned())
@@ -329,6 +332,7 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     let spec = &job["spec"]["tasks"][0]["template"]["spec"];
     let container = &spec["containers"][0]["resources"];
     assert!(container["limits"].get("volcano.sh/vgpu-memory").is_none(), "{job:#}");
+    assert_eq!(container["requests"], serde_json::json!({"cpu": "1m"}), "{job:#}");
     assert_eq!(container["claims"][0]["name"], spec["resourceClaims"][0]["name"], "{job:#}");
     let template_name = spec["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap();
     let template = kubectl.get_json(&["resourceclaimtemplate", template_name, "-n", "volcano-demo"]).unwrap();

@@ -3,6 +3,9 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use vgpu_scheduling::Quantity;
+use vgpu_scheduling::compat::{DEFAULT_CPU_REQUEST, VOLCANO_SCHEDULER};
+
 /// Arguments of `vgpu-dra webhook`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct WebhookArgs {
@@ -68,6 +71,19 @@ pub struct WebhookArgs {
     /// Also convert Volcano Jobs (`batch.volcano.sh/v1alpha1`) at admission.
     #[arg(long, env = "VGPU_DRA_WEBHOOK_VOLCANO_JOBS", default_value_t = true, action = clap::ArgAction::Set)]
     pub volcano_jobs: bool,
+    /// Scheduler names Volcano serves (vc-scheduler's `--scheduler-name`), comma-separated. A
+    /// converted pod of one of them that requests nothing else gets `--volcano-cpu-request`; a
+    /// Volcano Job that names no scheduler is taken to get the first, as Volcano's webhook gives
+    /// it.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_VOLCANO_SCHEDULER_NAMES", value_delimiter = ',', default_value = VOLCANO_SCHEDULER,
+          value_parser = parse_scheduler_name)]
+    pub volcano_scheduler_names: Vec<String>,
+    /// CPU request added to the first GPU container of a converted pod of Volcano's scheduler
+    /// that requests no CPU, memory or other resource besides its claims: Volcano counts no
+    /// claim, and schedules a pod that requests nothing as a best-effort task (no gang, no queue
+    /// capability), where under HAMi its GPU resources made it request something. `0` adds none.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_VOLCANO_CPU_REQUEST", default_value = DEFAULT_CPU_REQUEST, value_parser = parse_cpu_request)]
+    pub volcano_cpu_request: Quantity,
     /// Address of the plain-HTTP metrics and health endpoint; none when absent.
     #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
@@ -77,6 +93,25 @@ pub struct WebhookArgs {
 /// silently excluding nothing.
 fn parse_namespace(value: &str) -> Result<String, String> {
     vgpu_scheduling::Namespace::new(value.trim()).map(|n| n.as_str().to_owned()).map_err(|e| e.to_string())
+}
+
+/// A scheduler name: non-empty, as a pod's `schedulerName` must be to be Volcano's.
+fn parse_scheduler_name(value: &str) -> Result<String, String> {
+    let name = value.trim();
+    if name.is_empty() {
+        return Err("a scheduler name cannot be empty".into());
+    }
+    Ok(name.to_owned())
+}
+
+/// A CPU quantity of 0 (none) or at least 1m, the smallest step of a CPU request.
+fn parse_cpu_request(value: &str) -> Result<Quantity, String> {
+    let q = Quantity::parse(value.trim()).map_err(|e| e.to_string())?;
+    let milli = Quantity::parse("1m").map_err(|e| e.to_string())?;
+    if q.is_negative() || (!q.is_zero() && q < milli) {
+        return Err(format!("{value}: the CPU request must be 0 (none) or at least 1m"));
+    }
+    Ok(q)
 }
 
 /// Where the webhook's certificate comes from.
@@ -149,5 +184,26 @@ mod tests {
         assert!(!set.args.volcano_jobs);
         let err = Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,Bad_NS"]].concat()).unwrap_err();
         assert!(err.to_string().contains("Bad_NS"), "{err}");
+    }
+
+    #[test]
+    fn volcano_flags_have_defaults_and_bounds() {
+        let base = ["x", "--namespace=vgpu", "--service-name=s"];
+        let parse = |extra: &[&str]| Cli::try_parse_from([&base[..], extra].concat()).map(|c| c.args);
+        let default = parse(&[]).unwrap();
+        assert_eq!(default.volcano_scheduler_names, ["volcano"]);
+        assert_eq!(default.volcano_cpu_request.to_string(), "1m");
+        let set = parse(&["--volcano-scheduler-names=volcano,vc-batch", "--volcano-cpu-request=0.05"]).unwrap();
+        assert_eq!(set.volcano_scheduler_names, ["volcano", "vc-batch"]);
+        assert_eq!(set.volcano_cpu_request.to_string(), "50m");
+        assert!(parse(&["--volcano-cpu-request=0"]).unwrap().volcano_cpu_request.is_zero());
+        for bad in [
+            "--volcano-cpu-request=500u",
+            "--volcano-cpu-request=-1m",
+            "--volcano-cpu-request=lots",
+            "--volcano-scheduler-names=a,,b",
+        ] {
+            assert!(parse(&[bad]).is_err(), "{bad}");
+        }
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use vgpu_scheduling::compat::VolcanoSettings;
 use vgpu_scheduling::compat::{job_match_condition, pod_match_condition};
 use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
 use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
@@ -116,6 +117,10 @@ pub fn settings(args: &WebhookArgs) -> Result<CompatSettings, RunError> {
     }
     settings.driver = args.driver_name.clone().or(driver).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
     settings.device_class = args.device_class.clone().unwrap_or_else(|| settings.driver.clone());
+    settings.volcano = VolcanoSettings {
+        scheduler_names: args.volcano_scheduler_names.clone(),
+        cpu_request: Some(args.volcano_cpu_request).filter(|q| !q.is_zero()),
+    };
     Ok(settings)
 }
 
@@ -300,6 +305,18 @@ mod tests {
         assert_eq!((s.count_resource.as_str(), s.default_memory_mib), ("example.com/gpu", 2048));
         assert_eq!((s.device_class.as_str(), s.driver.as_str()), ("shared-gpus", DEFAULT_DRIVER_NAME));
         assert!(pod_match_condition(&s).contains("example.com/gpu"));
+        assert_eq!(s.volcano, VolcanoSettings::default());
+    }
+
+    #[test]
+    fn volcano_flags_set_the_volcano_settings() {
+        let base = ["x", "--url=https://127.0.0.1:1/mutate-pods", "--namespace=vgpu"];
+        let parse = |extra: &[&str]| settings(&Cli::try_parse_from([&base[..], extra].concat()).unwrap().args).unwrap().volcano;
+        let set = parse(&["--volcano-scheduler-names=vc-a,vc-b", "--volcano-cpu-request=5m"]);
+        assert_eq!(set.scheduler_names, ["vc-a", "vc-b"]);
+        assert_eq!(set.cpu_request.map(|q| q.to_string()).as_deref(), Some("5m"));
+        // 0 turns the request off.
+        assert_eq!(parse(&["--volcano-cpu-request=0"]).cpu_request, None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Volcano Jobs (`batch.volcano.sh/v1alpha1`): each task's pod template converted as a pod is, so
 //! the Volcano controller creates pods that already reference their claim templates and never
-//! carry HAMi resources.
+//! carry HAMi resources. A task's pods are scheduled by the scheduler Volcano gives them (the
+//! template's, the Job's, else Volcano's default): with Volcano's they keep a request
+//! ([`super::VolcanoSettings`]).
 //!
 //! The Job is read as JSON rather than as a typed struct: only `spec.tasks[].name` and
 //! `spec.tasks[].template` matter here, and the rest of a Job (policies, plugins, fields of newer
@@ -79,6 +81,7 @@ pub fn convert_volcano_job(job: &Value, settings: &CompatSettings, facts: &Class
     let mut templates = BTreeMap::new();
     let mut patch = Vec::new();
     let mut warnings = Vec::new();
+    let job_scheduler = job.pointer("/spec/schedulerName").and_then(Value::as_str);
     for (index, task) in tasks.iter().enumerate() {
         let name = task.get("name").and_then(Value::as_str).map_or_else(|| format!("#{index}"), str::to_owned);
         let Some(raw) = task.get("template") else { continue };
@@ -91,7 +94,8 @@ pub fn convert_volcano_job(job: &Value, settings: &CompatSettings, facts: &Class
         // Volcano copies the template's metadata onto each pod: its annotations are the pod's.
         let annotations = template.metadata.and_then(|m| m.annotations).unwrap_or_default();
         let path = format!("/spec/tasks/{index}/template/spec");
-        let converted = convert_pod_spec(&annotations, &spec, &path, settings, facts)
+        let scheduler = settings.volcano.job_pod_scheduler(spec.scheduler_name.as_deref(), job_scheduler);
+        let converted = convert_pod_spec(&annotations, &spec, Some(scheduler), &path, settings, facts)
             .map_err(|source| JobError::Task { task: name.clone(), source: Box::new(source) })?;
         patch.extend(converted.patch);
         warnings.extend(converted.warnings.into_iter().map(|w| format!("task {name:?}: {w}")));

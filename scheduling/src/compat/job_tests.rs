@@ -60,7 +60,11 @@ fn every_task_is_converted_at_its_own_path_and_the_rest_passes_through() {
     for task in [0, 2] {
         let spec = &out["spec"]["tasks"][task]["template"]["spec"];
         assert_eq!(spec["resourceClaims"], json!([{"name": "vgpu-cuda", "resourceClaimTemplateName": name}]), "{out:#}");
-        assert_eq!(spec["containers"][0]["resources"], json!({"limits": {}, "claims": [{"name": "vgpu-cuda"}]}));
+        // The Job's pods are Volcano's and request nothing else: they keep a cpu request.
+        assert_eq!(
+            spec["containers"][0]["resources"],
+            json!({"limits": {}, "requests": {"cpu": "1m"}, "claims": [{"name": "vgpu-cuda"}]})
+        );
     }
     // Everything but the converted containers and claims is as it was.
     let mut expected = job.clone();
@@ -82,7 +86,10 @@ fn a_task_converts_exactly_as_the_same_pod_would() {
     let job = gang_job();
     let conv = convert_volcano_job(&job, &CompatSettings::volcano(), &t4_facts()).unwrap();
     let template = &job["spec"]["tasks"][0]["template"];
-    let pod: Pod = serde_json::from_value(json!({"metadata": template["metadata"], "spec": template["spec"]})).unwrap();
+    // The pod Volcano's controller makes: the template with the Job's scheduler.
+    let mut spec = template["spec"].clone();
+    spec["schedulerName"] = job["spec"]["schedulerName"].clone();
+    let pod: Pod = serde_json::from_value(json!({"metadata": template["metadata"], "spec": spec})).unwrap();
     let as_pod = convert_pod(&pod, &CompatSettings::volcano(), &t4_facts()).unwrap();
     assert_eq!(as_pod.templates, conv.templates);
     let task_ops: Vec<Value> = conv

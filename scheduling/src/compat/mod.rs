@@ -15,7 +15,10 @@
 //! - a percentage is of the card the scheduler picks: one `firstAvailable` subrequest per card
 //!   model the class offers;
 //! - priority and `gpuCorePolicy` travel as opaque claim configuration ([`HamiCoreConfig`]) that
-//!   the node driver turns into HAMi-core's environment.
+//!   the node driver turns into HAMi-core's environment;
+//! - a converted pod of Volcano's scheduler that requests nothing else gets a minimal cpu
+//!   request, so that Volcano, which counted the HAMi resources it no longer has, does not
+//!   schedule it as a best-effort task ([`VolcanoSettings`]).
 //!
 //! Pure functions over k8s-openapi types: no I/O, no client. The webhook creates the returned
 //! [`ResourceClaimTemplate`](k8s_openapi::api::resource::v1::ResourceClaimTemplate)s and applies
@@ -27,6 +30,7 @@ mod job;
 mod pod;
 mod selectors;
 mod settings;
+mod volcano;
 
 pub use claim::{
     CONFIG_API_VERSION, CONFIG_KIND, HamiCoreConfig, HamiCoreConfigError, MAX_SUBREQUESTS, REQUEST_NAME, TEMPLATE_PREFIX,
@@ -43,6 +47,7 @@ pub use selectors::{
     annotation_warnings, cel_string,
 };
 pub use settings::{CardModel, ClassFacts, CompatSettings, CorePolicy};
+pub use volcano::{DEFAULT_CPU_REQUEST, VOLCANO_SCHEDULER, VolcanoSettings, requests_something};
 
 /// Why a pod is denied; every message names the container and the resource or annotation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use super::container::own_resources;
 use super::selectors::cel_list;
+use super::volcano::{Claimed, Kept, keep_requesting};
 use super::{
     Ask, ClassFacts, CompatError, CompatSettings, Selection, TEMPLATE_PREFIX, annotation_warnings, cel_string, claim_spec,
     container_ask, template_name,
@@ -67,7 +68,7 @@ impl PodConversion {
 pub fn convert_pod(pod: &Pod, settings: &CompatSettings, facts: &ClassFacts) -> Result<PodConversion, CompatError> {
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let spec = pod.spec.clone().unwrap_or_default();
-    let c = convert_pod_spec(&annotations, &spec, "/spec", settings, facts)?;
+    let c = convert_pod_spec(&annotations, &spec, spec.scheduler_name.as_deref(), "/spec", settings, facts)?;
     let mut out = pod.clone();
     if !c.patch.is_empty() {
         out.spec = Some(c.spec);
@@ -75,14 +76,18 @@ pub fn convert_pod(pod: &Pod, settings: &CompatSettings, facts: &ClassFacts) -> 
     Ok(PodConversion { pod: out, templates: c.templates, patch: c.patch, warnings: c.warnings })
 }
 
-/// Converts a pod spec whose pod carries `annotations`; `path` is the JSON pointer of the spec
-/// in the admitted object (`/spec` for a Pod, `/spec/tasks/<i>/template/spec` for a Volcano Job).
+/// Converts a pod spec whose pod carries `annotations` and is scheduled by `scheduler` (a Pod's
+/// `schedulerName`; for a Volcano Job's task, [`super::VolcanoSettings::job_pod_scheduler`]);
+/// `path` is the JSON pointer of the spec in the admitted object (`/spec` for a Pod,
+/// `/spec/tasks/<i>/template/spec` for a Volcano Job). A converted spec of Volcano's scheduler
+/// that requests nothing else gets a cpu request ([`super::VolcanoSettings`]).
 ///
 /// # Errors
 /// As [`convert_pod`].
 pub fn convert_pod_spec(
     annotations: &BTreeMap<String, String>,
     spec: &PodSpec,
+    scheduler: Option<&str>,
     path: &str,
     settings: &CompatSettings,
     facts: &ClassFacts,
@@ -94,6 +99,7 @@ pub fn convert_pod_spec(
     let mut removals = Vec::new();
     let mut additions = Vec::new();
     let mut entries = Vec::new();
+    let mut claimed = Claimed::default();
     let existing: Vec<PodResourceClaim> = spec.resource_claims.clone().unwrap_or_default();
     // Containers are visited init first, as the kubelet starts them; each list is mutated in
     // place in `out` and patched at its own index.
@@ -127,6 +133,7 @@ pub fn convert_pod_spec(
                 }
             }
             entries.push(PodResourceClaim { name: entry, resource_claim_template_name: Some(name), ..Default::default() });
+            if field == "containers" { &mut claimed.containers } else { &mut claimed.init }.push(index);
         }
     }
     out.init_containers = (had_init || !init.is_empty()).then_some(init);
@@ -142,6 +149,11 @@ pub fn convert_pod_spec(
                 out.resource_claims = Some(entries);
             }
         }
+    }
+    match keep_requesting(&mut out, &claimed, scheduler, &settings.volcano, path) {
+        Kept::Untouched => {}
+        Kept::Added(op) => additions.push(op),
+        Kept::NoRoom(warning) => warnings.push(warning),
     }
     let mut patch = removals;
     patch.extend(additions);

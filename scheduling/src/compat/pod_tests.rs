@@ -190,9 +190,12 @@ fn volcano_task_templates_are_patched_at_their_own_path() {
     let spec = pod("t", vec![container("worker", &[("volcano.sh/vgpu-memory", "2000"), ("volcano.sh/vgpu-cores", "30")])], &[])
         .spec
         .unwrap();
-    let conv = convert_pod_spec(&annotations(&[]), &spec, "/spec/tasks/1/template/spec", &CompatSettings::volcano(), &t4_facts())
-        .unwrap();
+    let path = "/spec/tasks/1/template/spec";
+    let conv =
+        convert_pod_spec(&annotations(&[]), &spec, Some("volcano"), path, &CompatSettings::volcano(), &t4_facts()).unwrap();
     assert!(conv.patch.iter().all(|op| op["path"].as_str().unwrap().starts_with("/spec/tasks/1/template/spec/")));
+    // Volcano's pods keep a request (the cpu Volcano's scheduler counts, see volcano.rs).
+    assert!(conv.patch.iter().any(|op| op["path"] == "/spec/tasks/1/template/spec/containers/0/resources/requests"));
     let requests =
         serde_json::to_value(&conv.templates[0].spec).unwrap()["spec"]["devices"]["requests"][0]["exactly"]["capacity"].clone();
     assert_eq!(requests, json!({"requests": {"cores": "30", "memory": (2000u64 << 20).to_string()}}));

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceSlice};
 
+use super::VolcanoSettings;
 use crate::Quantity;
 use crate::config::DEFAULT_DRIVER_NAME;
 use crate::device::CAPACITY_MEMORY;
@@ -65,6 +66,8 @@ pub struct CompatSettings {
     pub device_class: String,
     /// Driver name: the domain of the device attributes and capacities the claims select on.
     pub driver: String,
+    /// How converted pods of Volcano's scheduler keep a request Volcano counts.
+    pub volcano: VolcanoSettings,
 }
 
 impl Default for CompatSettings {
@@ -91,6 +94,7 @@ impl CompatSettings {
             core_policy: CorePolicy::Default,
             device_class: DEFAULT_DRIVER_NAME.into(),
             driver: DEFAULT_DRIVER_NAME.into(),
+            volcano: VolcanoSettings::default(),
         };
         base.with_device_config(&HamiRequestSettings::default())
     }
