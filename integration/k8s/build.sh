@@ -305,3 +305,14 @@ else
 	done
 fi
 
+# The real node's kubelet, containerd, runc and images (build-node.sh, read by
+# integration/src/node.rs), built last: its lines follow the others. When they cannot be built,
+# none is printed, so that only the tests that run a real node fail: they run build-node.sh
+# themselves, and fail with its messages.
+node_started=$SECONDS
+if node_components="$("$HERE/build-node.sh")"; then
+	log "node components ready in $((SECONDS - node_started)) s"
+	echo "$node_components"
+else
+	log "build-node.sh failed (exit $?) after $((SECONDS - node_started)) s: the tests that run a real node will fail"
+fi

@@ -13,7 +13,7 @@ use crate::{Components, ManagedProcess, components, eventually, free_port};
 
 /// The DRA features the tests rely on; beta and on by default in 1.36, named so a release that
 /// changes a default fails loudly instead of silently testing something else.
-const FEATURE_GATES: &str = "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true,DRADeviceBindingConditions=true";
+pub(crate) const FEATURE_GATES: &str = "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true,DRADeviceBindingConditions=true";
 const ADMIN_TOKEN: &str = "vgpu-dra-test-admin-token";
 
 /// How to start a [`ControlPlane`].

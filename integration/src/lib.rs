@@ -10,6 +10,7 @@ mod control_plane;
 mod driver;
 mod kubelet_sim;
 pub mod kueue;
+pub mod node;
 mod process;
 pub mod volcano;
 

@@ -1,9 +1,18 @@
 //! Every example in `docs/` runs here, in page order, against a real API server, scheduler and
 //! controller manager: `sh` blocks through bash with the test bed's kubectl and helm, `yaml`
 //! blocks applied (or, when tagged, rendered as chart values, read as a driver config file, or
-//! decoded by Kueue's own types). Where the docs assume a kubelet, the test stands in: it runs the
-//! driver as the chart's DaemonSet pod and prepares the quick start's claim through the kubelet's
-//! own plugin code.
+//! decoded by Kueue's own types). The quick start's node is a real one (a kubelet and containerd,
+//! `vgpu_dra_integration::node`) with a mock card; the test stands in for what the chart's
+//! DaemonSet would start there: it runs the driver as the DaemonSet's pod, and builds the
+//! stand-in for HAMi-core's `libvgpu.so` into the node's HAMi-core directory. The kubelet prepares
+//! the quick start's claims through the driver and runs its pods: the one that prints its limits
+//! runs to completion, and what `kubectl logs` shows of it is checked.
+//!
+//! Volcano's blocks cannot run against Volcano here (the suite cannot build it, see
+//! docs/volcano.md): `yaml volcano` blocks go to the API server as a server-side dry run with
+//! Volcano's CRDs installed (schema-checked, not scheduled), the `yaml volcano-scheduler-conf`
+//! block must be the configuration `integration/tests/volcano.rs` runs Volcano with, and
+//! `sh syntax-only` blocks (commands that build or run Volcano) are only parsed by bash.
 
 #![allow(clippy::unwrap_used)]
 
@@ -13,20 +22,22 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::cdi_check;
 use common::chart::{chart_dir, run_as_daemonset_pod};
-use common::{DRIVER, cdi_check, claim_response};
 use serde_json::Value;
 use vgpu_dra_integration::kueue::{Kueue, KueueVersion};
-use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, driver_binary, eventually, node_host_dir};
+use vgpu_dra_integration::node::{Node, build_stand_in};
+use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
-const PAGES: [&str; 8] = [
+const PAGES: [&str; 9] = [
     "quickstart.md",
     "resource-model.md",
     "configuration.md",
     "compatibility.md",
     "troubleshooting.md",
     "kueue.md",
+    "volcano.md",
     "metrics.md",
     "README.md",
 ];
@@ -76,17 +87,25 @@ fn blocks(page: &'static str) -> Vec<Block> {
     out
 }
 
+/// What the quick start's pod that prints its limits shows in `kubectl logs`, besides the
+/// library in `/etc/ld.so.preload` (the node's stand-in for `/usr/local/vgpu/libvgpu.so`).
+const LIMITS_SHOWN: [&str; 3] = ["CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT=50", "CUDA_DEVICE_SM_LIMIT_0=50"];
+
 struct Docs {
     /// The Kueue of the last manager Configuration block (stopped before the plane).
     kueue: Option<Kueue>,
+    /// The quick start's node (stopped before the plane).
+    node: Node,
     plane: ControlPlane,
     driver: Option<common::chart::DaemonSetPod>,
-    kubelet: Option<KubeletSim>,
     scratch: PathBuf,
+    /// Whether Volcano's CRDs are installed (at the first `yaml volcano` block).
+    volcano_crds: bool,
 }
 
 impl Docs {
-    fn sh(&self, block: &Block) {
+    /// Runs an `sh` block; returns what it printed on stdout.
+    fn sh(&self, block: &Block) -> String {
         let bins = self.plane.components();
         let path = format!(
             "{}:{}:{}",
@@ -107,6 +126,7 @@ impl Docs {
             .unwrap();
         eprintln!("--- {} ---\n{}{}", block.at(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "{} failed:\n{}\n{}", block.at(), block.body, String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     fn file(&self, block: &Block) -> PathBuf {
@@ -119,21 +139,30 @@ impl Docs {
         match (block.lang.as_str(), block.tag.as_str()) {
             ("text", _) => {}
             ("sh", "") => {
-                let finalizer =
-                    block.body.contains("kubectl delete pod cuda-smoke").then(|| self.finalize_deleted_pod("cuda-smoke"));
-                self.sh(block);
-                if let Some(f) = finalizer {
-                    f.join().unwrap();
-                }
+                let printed = self.sh(block);
                 if block.body.contains("helm install") {
                     self.start_driver();
+                }
+                if block.body.contains("kubectl logs") {
+                    self.node.check_running().unwrap();
+                    let hami_core = node_host_dir(&self.plane, NODE).join("vgpu");
+                    let library = hami_core.join("libvgpu.so").display().to_string();
+                    let cache = format!("CUDA_DEVICE_MEMORY_SHARED_CACHE={}/claims/", hami_core.display());
+                    for want in LIMITS_SHOWN.into_iter().chain([library.as_str()]) {
+                        assert!(
+                            printed.lines().any(|l| l == want),
+                            "{}: the container did not show {want}:\n{printed}",
+                            block.at()
+                        );
+                    }
+                    assert!(printed.lines().any(|l| l.starts_with(&cache)), "{}: no {cache}...:\n{printed}", block.at());
                 }
             }
             ("yaml", "") => {
                 let applied = self.plane.kubectl().apply(&block.body);
                 assert!(applied.is_ok(), "{}: {:#}", block.at(), applied.unwrap_err());
                 if block.body.contains("name: cuda-smoke") {
-                    self.prepare_quickstart_pod();
+                    self.check_quickstart_claim("cuda-smoke");
                 }
             }
             ("yaml", "values") => {
@@ -190,30 +219,36 @@ impl Docs {
                     Kueue::start_version(&self.plane, &block.body, version).unwrap_or_else(|e| panic!("{}: {e:#}", block.at()));
                 self.kueue = Some(kueue);
             }
+            ("yaml", "volcano") => {
+                self.install_volcano_crds();
+                let checked = self.plane.kubectl().run_with_input(&["apply", "--dry-run=server", "-f", "-"], Some(&block.body));
+                assert!(checked.is_ok(), "{}: {:#}", block.at(), checked.unwrap_err());
+            }
+            ("yaml", "volcano-scheduler-conf") => {
+                assert_eq!(
+                    block.body,
+                    vgpu_dra_integration::volcano::DRA_SCHEDULER_CONF,
+                    "{}: not the configuration integration/tests/volcano.rs runs Volcano with",
+                    block.at()
+                );
+            }
+            ("sh", "syntax-only") => {
+                let out = Command::new("bash").args(["-n", "-c", &block.body]).output().unwrap();
+                assert!(out.status.success(), "{}: {}", block.at(), String::from_utf8_lossy(&out.stderr));
+            }
             (lang, tag) => panic!("{}: a {lang:?} block tagged {tag:?} is neither run nor output", block.at()),
         }
     }
 
-    /// What the kubelet does for a deleted pod, which the docs' `kubectl delete pod` waits for:
-    /// unprepare its claims, then remove the pod object (grace period 0).
-    fn finalize_deleted_pod(&mut self, pod: &str) -> std::thread::JoinHandle<()> {
-        let kubectl = self.plane.kubectl().clone();
-        if let Some(kubelet) = self.kubelet.as_mut() {
-            let status = kubectl.get_json(&["pod", pod, "-n", "default"]).unwrap();
-            let claim = status["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().unwrap().to_owned();
-            let uid = kubectl.run(&["get", "resourceclaim", &claim, "-n", "default", "-o", "jsonpath={.metadata.uid}"]).unwrap();
-            let reply = kubelet.unprepare(&[("default", &claim, &uid)]).unwrap();
-            assert!(claim_response(&reply, &uid).get("error").is_none_or(|e| e.as_str() == Some("")), "{reply}");
+    /// Volcano v1.15.1's CRDs (Jobs, Queues, PodGroups, ...), from the release the test bed pins.
+    fn install_volcano_crds(&mut self) {
+        if self.volcano_crds {
+            return;
         }
-        let pod = pod.to_owned();
-        std::thread::spawn(move || {
-            eventually("the pod marked for deletion", Duration::from_secs(60), || {
-                let p = kubectl.get_json(&["pod", &pod, "-n", "default"])?;
-                Ok(p["metadata"]["deletionTimestamp"].is_string().then_some(()))
-            })
-            .unwrap();
-            kubectl.run(&["delete", "pod", &pod, "-n", "default", "--grace-period=0", "--force"]).unwrap();
-        })
+        let crds = self.plane.components().volcano_crds.clone();
+        self.plane.kubectl().run(&["apply", "--server-side", "-f", crds.to_str().unwrap()]).unwrap();
+        self.plane.kubectl().wait_crds_established(Duration::from_secs(60)).unwrap();
+        self.volcano_crds = true;
     }
 
     /// The DaemonSet's pod on the quick start's node, with a mock card (there is no GPU here).
@@ -226,38 +261,56 @@ impl Docs {
             Ok(list["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
         })
         .unwrap();
-        let registry = node_host_dir(&self.plane, NODE).join("kubelet/plugins_registry");
-        let mut kubelet =
-            KubeletSim::start(&registry, DRIVER, &KubeletSimOptions { node_name: NODE.into(), ..Default::default() }).unwrap();
-        kubelet.wait_event("registered", Duration::from_secs(30), |e| e["driver"] == DRIVER).unwrap();
         self.driver = Some(pod);
-        self.kubelet = Some(kubelet);
     }
 
-    /// What the kubelet would do for `cuda-smoke`: wait for its claim's allocation, prepare it, and
-    /// check the limits the quick start promises are in the CDI spec the runtime would apply.
-    fn prepare_quickstart_pod(&mut self) {
+    /// What the node does for `pod`: its claim allocated with the quick start's 4Gi, the kubelet
+    /// has the driver prepare it (the CDI spec appears), and the spec, read by the CDI library,
+    /// gives the limits the quick start promises. (The pod's image is never pulled here.)
+    fn check_quickstart_claim(&mut self, pod: &str) {
         let kubectl = self.plane.kubectl().clone();
-        let claim = eventually("cuda-smoke's generated claim", Duration::from_secs(30), || {
-            let pod = kubectl.get_json(&["pod", "cuda-smoke", "-n", "default"])?;
-            Ok(pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().map(str::to_owned))
+        let claim = eventually(&format!("{pod}'s generated claim"), Duration::from_secs(30), || {
+            let p = kubectl.get_json(&["pod", pod, "-n", "default"])?;
+            Ok(p["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str().map(str::to_owned))
         })
         .unwrap();
         let result = self.plane.wait_allocated("default", &claim, Duration::from_secs(30)).unwrap();
         assert_eq!(result["consumedCapacity"]["memory"], "4Gi", "{result}");
         let uid = kubectl.run(&["get", "resourceclaim", &claim, "-n", "default", "-o", "jsonpath={.metadata.uid}"]).unwrap();
-        let kubelet = self.kubelet.as_mut().expect("the driver runs");
-        let reply = kubelet.prepare(&[("default", &claim, &uid)]).unwrap();
-        let id = claim_response(&reply, &uid)["devices"][0]["cdi_device_ids"][0]
-            .as_str()
-            .unwrap_or_else(|| panic!("{reply}"))
-            .to_owned();
-        let report = cdi_check(&node_host_dir(&self.plane, NODE).join("cdi"), &[&id]);
+        let cdi = self.node.cdi_dir().to_owned();
+        let ids = eventually(&format!("{pod}'s claim prepared by the kubelet"), Duration::from_secs(60), || {
+            self.node.check_running()?;
+            if let Some(d) = self.driver.as_mut() {
+                d.process.check_running()?;
+            }
+            cdi_device_ids(&cdi, &uid)
+        })
+        .unwrap();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let report = cdi_check(&cdi, &ids);
         let env: Vec<&str> = report["env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
         for want in ["CUDA_DEVICE_MEMORY_LIMIT_0=4096m", "CUDA_DEVICE_SM_LIMIT=50"] {
             assert!(env.contains(&want), "the quick start promises {want}: {env:?}");
         }
     }
+}
+
+/// The fully qualified CDI device names (`vendor/class=name`) of the spec files in `dir` written
+/// for claim `uid`, once there is one.
+fn cdi_device_ids(dir: &Path, uid: &str) -> anyhow::Result<Option<Vec<String>>> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if !entry.file_name().to_string_lossy().contains(uid) {
+            continue;
+        }
+        let spec: Value = serde_json::from_str(&std::fs::read_to_string(entry.path())?)?;
+        let kind = spec["kind"].as_str().unwrap_or_default();
+        ids.extend(
+            spec["devices"].as_array().into_iter().flatten().filter_map(|d| d["name"].as_str()).map(|n| format!("{kind}={n}")),
+        );
+    }
+    Ok((!ids.is_empty()).then_some(ids))
 }
 
 #[test]
@@ -272,13 +325,16 @@ fn every_docs_example_runs() {
     assert_eq!(listed, present, "a page in docs/ is not run by this test");
 
     let plane = ControlPlane::start().expect("control plane");
-    plane.create_node(NODE).unwrap();
+    let node = Node::start(&plane, NODE).unwrap_or_else(|e| panic!("starting the quick start's node: {e:#}"));
+    // What the chart's DaemonSet would find (or, with hamiCore.installImage, copy) on a GPU node.
+    let host = node_host_dir(&plane, NODE);
+    build_stand_in(&host.join("vgpu/libvgpu.so"), &host.join("vgpulock")).unwrap();
     let crds = plane.components().kueue_crds.clone();
     plane.kubectl().run(&["apply", "--server-side", "-f", crds.to_str().unwrap()]).unwrap();
     plane.kubectl().wait_crds_established(Duration::from_secs(60)).unwrap();
     let scratch = plane.dir().join("docs");
     std::fs::create_dir_all(&scratch).unwrap();
-    let mut docs = Docs { plane, driver: None, kubelet: None, kueue: None, scratch };
+    let mut docs = Docs { kueue: None, node, plane, driver: None, scratch, volcano_crds: false };
 
     let all: Vec<Block> = PAGES.iter().flat_map(|p| blocks(p)).collect();
     let (cleanup, main): (Vec<&Block>, Vec<&Block>) = all.iter().partition(|b| b.section.ends_with("Clean up"));
@@ -291,4 +347,5 @@ fn every_docs_example_runs() {
     if let Some(d) = docs.driver.as_mut() {
         d.process.check_running().unwrap();
     }
+    docs.node.check_running().unwrap();
 }

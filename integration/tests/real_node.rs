@@ -1,0 +1,410 @@
+//! A real node: our driver registers with a real kubelet, which prepares claims through it and
+//! hands containerd the CDI devices; runc starts real containers, and what they see is asserted
+//! from inside them. The container's program that ld.so runs loads a stand-in for HAMi-core's
+//! `libvgpu.so` (`integration/testdata/libvgpu-stand-in.c`, built here) through the
+//! `/etc/ld.so.preload` the spec mounts; its constructor records the uid and the limits it sees.
+//!
+//! Scenario (003's claim on a mock 15Gi T4): a pod as root and a pod as uid 65534 share the card
+//! and both see `CUDA_DEVICE_MEMORY_LIMIT_0=4096m` and SM limit 50; a third such claim cannot fit
+//! (150 cores) and its pod waits; deleting a pod unprepares its claim (its CDI spec is removed)
+//! and the waiting pod starts; a kubelet restart leaves running pods alone and their claims
+//! prepared; so does a driver restart, which rewrites no spec; a reboot (containers gone, the CDI
+//! directory wiped, the kubelet restarted) brings the pods back with their specs rewritten and
+//! the same limits. Last, the compatibility path: 003's pod as written for HAMi
+//! (`nvidia.com/gpu: 1`, `nvidia.com/gpumem: 4096`, `nvidia.com/gpucores: 50`) is converted by
+//! our admission webhook into a claim, starts on a share freed for it, and sees the same limits.
+//!
+//! Needs root, overlayfs, namespaces, cgroups (see `vgpu_dra_integration::node`), a C compiler,
+//! and the node's components from `integration/k8s/build-node.sh`. A missing one fails the test
+//! by name; it never skips.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use common::webhook;
+use serde_json::Value;
+use vgpu_dra_integration::node::{BUSYBOX_IMAGE, DYNAMIC_PROGRAM, Node, build_stand_in};
+use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, node_host_dir, start_driver};
+
+const DRIVER: &str = "hami-core-gpu.project-hami.io";
+const NODE: &str = "gpu-node";
+/// `nobody`: stands for any user but root that a container runs as.
+const NOBODY: u32 = 65534;
+
+#[test]
+fn pods_on_a_real_node_see_their_claims_limits_as_root_and_as_nobody() {
+    let mut plane = ControlPlane::start().expect("control plane");
+    let started = Instant::now();
+    let mut node = Node::start(&plane, NODE).unwrap_or_else(|e| panic!("starting the node: {e:#}"));
+    eprintln!("node up in {:.1} s", started.elapsed().as_secs_f64());
+    // Panicking while the node and the plane are alive prints their logs.
+    if let Err(e) = scenario(&mut plane, &mut node) {
+        panic!("{e:#}");
+    }
+}
+
+fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
+    let kubectl = plane.kubectl().clone();
+    let host = node_host_dir(plane, NODE);
+    let (vgpu, lock) = (host.join("vgpu"), host.join("vgpulock"));
+    std::fs::create_dir_all(&vgpu)?;
+    build_stand_in(&vgpu.join("libvgpu.so"), &lock)?;
+    let mut driver = start_driver(plane, "driver", NODE, &["--mock-gpus=1xTesla T4:15Gi"])?;
+    kubectl.apply(&device_class())?;
+    let card = eventually("the node's ResourceSlice", Duration::from_secs(60), || {
+        driver.check_running()?;
+        node.check_running()?;
+        card_uuid(&kubectl, "hami-gpu-0")
+    })?;
+
+    // Two pods share the card: root and nobody, each with 003's claim.
+    kubectl.apply(&claim_and_pod("as-root", "4Gi", "50", None))?;
+    kubectl.apply(&claim_and_pod("as-nobody", "4Gi", "50", Some(NOBODY)))?;
+    let mut uids = BTreeMap::new();
+    for (pod, uid) in [("as-root", 0), ("as-nobody", NOBODY)] {
+        let seen = wait_output(node, &kubectl, pod).with_context(|| format!("pod {pod}"))?;
+        eprintln!("pod {pod} printed:\n{}", seen.raw);
+        driver.check_running()?;
+        let claim_uid = kubectl.run(&["get", "resourceclaim", pod, "-o", "jsonpath={.metadata.uid}"])?;
+        let claim_dir = vgpu.join("claims").join(&claim_uid);
+        let cache = format!("{}/{card}.cache", claim_dir.display());
+        check(&seen, pod, uid, &card, &cache).with_context(|| format!("what pod {pod} (uid {uid}) saw:\n{}", seen.raw))?;
+        uids.insert(pod, claim_uid);
+    }
+
+    // A third share cannot fit (150 of 100 cores): its pod waits, its claim stays unallocated.
+    kubectl.apply(&claim_and_pod("third", "4Gi", "50", None))?;
+    std::thread::sleep(Duration::from_secs(5));
+    let third = kubectl.get_json(&["pod", "third"])?;
+    ensure!(third["spec"]["nodeName"].is_null(), "a third 50-core share was scheduled onto a 100-core card: {third}");
+    let claim = kubectl.get_json(&["resourceclaim", "third"])?;
+    ensure!(claim["status"]["allocation"].is_null(), "a third 50-core share was allocated: {claim}");
+
+    // Deleting a pod unprepares its claim: the kubelet calls the driver, which removes the spec.
+    ensure!(cdi_specs(node, &uids["as-root"]) == 1, "no CDI spec of as-root's claim in {}", node.cdi_dir().display());
+    kubectl.run(&["delete", "pod", "as-root", "--wait=false"])?;
+    eventually("as-root's claim unprepared (its CDI spec removed)", Duration::from_secs(60), || {
+        node.check_running()?;
+        driver.check_running()?;
+        Ok((cdi_specs(node, &uids["as-root"]) == 0).then_some(()))
+    })?;
+    // Its share is free again: the waiting pod gets it and starts.
+    let seen = wait_output(node, &kubectl, "third").context("pod third, once a share was free")?;
+    ensure!(seen.record.get("memory").map(String::as_str) == Some("4096m"), "pod third saw:\n{}", seen.raw);
+
+    // A kubelet restart leaves running containers alone and their claims prepared.
+    let before = container_ids(&kubectl, &["as-nobody", "third"])?;
+    node.restart_kubelet().context("restarting the kubelet")?;
+    std::thread::sleep(Duration::from_secs(10));
+    node.check_running()?;
+    let after = container_ids(&kubectl, &["as-nobody", "third"])?;
+    ensure!(before == after, "containers changed across a kubelet restart: before {before:?}, after {after:?}");
+    let running = ["as-nobody", "third"];
+    let mut claim_uids = Vec::new();
+    for pod in running {
+        let uid = kubectl.run(&["get", "resourceclaim", pod, "-o", "jsonpath={.metadata.uid}"])?;
+        ensure!(cdi_specs(node, &uid) == 1, "{pod}'s claim lost its CDI spec across a kubelet restart");
+        claim_uids.push(uid);
+    }
+    driver.check_running()?;
+
+    // A driver restart while pods run: they keep running, their specs stay as they were.
+    let specs = spec_files(node)?;
+    driver.stop();
+    let mut driver = start_driver(plane, "driver-2", NODE, &["--mock-gpus=1xTesla T4:15Gi"])?;
+    eventually("the restarted driver's ResourceSlice", Duration::from_secs(60), || {
+        driver.check_running()?;
+        card_uuid(&kubectl, "hami-gpu-0")
+    })?;
+    std::thread::sleep(Duration::from_secs(5));
+    driver.check_running()?;
+    node.check_running()?;
+    ensure!(container_ids(&kubectl, &running)? == after, "containers changed across a driver restart");
+    ensure!(spec_files(node)? == specs, "CDI specs changed across a driver restart: before {specs:?}");
+
+    // A reboot: every container gone, the CDI directory (a tmpfs on a real node) empty, the
+    // kubelet started again. It prepares the claims again, the driver rewrites their specs, and
+    // the pods run again with the same limits.
+    node.stop_kubelet();
+    node.kill_containers();
+    for entry in std::fs::read_dir(node.cdi_dir())? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    node.start_kubelet().context("starting the kubelet after the reboot")?;
+    for (pod, (uid, claim_uid)) in running.iter().zip([(NOBODY, &claim_uids[0]), (0, &claim_uids[1])]) {
+        eventually(&format!("pod {pod} restarted after the reboot"), Duration::from_secs(120), || {
+            node.check_running()?;
+            driver.check_running()?;
+            let p = kubectl.get_json(&["pod", pod])?;
+            let status = &p["status"]["containerStatuses"][0];
+            Ok((status["restartCount"].as_u64().unwrap_or(0) >= 1 && status["state"]["running"].is_object()).then_some(()))
+        })?;
+        let seen = wait_output(node, &kubectl, pod).with_context(|| format!("pod {pod} after the reboot"))?;
+        let cache = format!("{}/{card}.cache", vgpu.join("claims").join(claim_uid).display());
+        check(&seen, pod, uid, &card, &cache).with_context(|| format!("what pod {pod} saw after the reboot:\n{}", seen.raw))?;
+        ensure!(cdi_specs(node, claim_uid) == 1, "{pod}'s claim has no CDI spec after the reboot");
+    }
+
+    // The compatibility path, on the share pod third frees.
+    kubectl.run(&["delete", "pod", "third", "--wait=false"])?;
+    eventually("third's claim unprepared", Duration::from_secs(60), || {
+        node.check_running()?;
+        driver.check_running()?;
+        Ok((cdi_specs(node, &claim_uids[1]) == 0).then_some(()))
+    })?;
+    let mut webhook = start_webhook(plane)?;
+    hami_pod_through_the_webhook(node, &kubectl, &vgpu, &card).context("003's pod written for HAMi")?;
+    webhook.check_running()?;
+    driver.check_running()?;
+    Ok(())
+}
+
+/// `vgpu-dra webhook` on loopback, registered, and called by the API server for HAMi's pods.
+fn start_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
+    plane.kubectl().run(&["create", "namespace", "vgpu-dra"])?;
+    let port = free_port()?;
+    let metrics = format!("--metrics-address=127.0.0.1:{}", free_port()?);
+    let mut webhook = webhook::spawn(plane, "vgpu-dra-webhook", (port, port), "vgpu-dra", &[metrics])?;
+    webhook::wait_called(plane, &mut webhook, &hami_pod("probe"))?;
+    Ok(webhook)
+}
+
+/// 003's pod as written for HAMi's device plugin: one card, 4096 MiB, 50% of its cores; on this
+/// node, with the test image and [`POD_SCRIPT`]. Unlike the others it has a network namespace of
+/// its own and a service-account token, as most pods do.
+fn hami_pod(name: &str) -> String {
+    let script = serde_json::to_string(&POD_SCRIPT.replace("DYNAMIC_PROGRAM", DYNAMIC_PROGRAM)).unwrap();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", {script}]
+    resources:
+      limits:
+        nvidia.com/gpu: 1
+        nvidia.com/gpumem: 4096
+        nvidia.com/gpucores: 50
+"#
+    )
+}
+
+/// Creates [`hami_pod`], checks that the webhook turned its HAMi resources into a claim, and that
+/// its container sees what 003's claim gives.
+fn hami_pod_through_the_webhook(node: &mut Node, kubectl: &Kubectl, vgpu: &Path, card: &str) -> anyhow::Result<()> {
+    let name = "hami-pod";
+    kubectl.apply(&hami_pod(name))?;
+    let pod = kubectl.get_json(&["pod", name])?;
+    let spec = &pod["spec"];
+    ensure!(spec["resourceClaims"][0]["resourceClaimTemplateName"].is_string(), "the webhook did not convert the pod: {pod:#}");
+    let limits = &spec["containers"][0]["resources"]["limits"];
+    for resource in ["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"] {
+        ensure!(limits.get(resource).is_none(), "{resource} is still among the limits: {pod:#}");
+    }
+    let seen = wait_output(node, kubectl, name)?;
+    eprintln!("pod {name} printed:\n{}", seen.raw);
+    let pod = kubectl.get_json(&["pod", name])?;
+    let claim = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .with_context(|| format!("pod {name} names no claim: {}", pod["status"]))?;
+    let claim_uid = kubectl.run(&["get", "resourceclaim", claim, "-o", "jsonpath={.metadata.uid}"])?;
+    let cache = format!("{}/{card}.cache", vgpu.join("claims").join(&claim_uid).display());
+    check(&seen, name, 0, card, &cache).with_context(|| format!("what pod {name} saw:\n{}", seen.raw))?;
+    ensure!(cdi_specs(node, &claim_uid) == 1, "{name}'s claim {claim} has no CDI spec");
+    // The token the kubelet mounted (a tmpfs in the node's mount namespace) is what the container
+    // sees, and the pod has an address of its own (the node's CNI plugin).
+    ensure!(
+        seen.flags.get("token").map(String::as_str) == Some("mounted"),
+        "pod {name} sees no service-account token:\n{}",
+        seen.raw
+    );
+    let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
+    ensure!(ip.starts_with("10.") && pod["spec"]["hostNetwork"].is_null(), "pod {name}: podIP {ip:?}: {}", pod["status"]);
+    Ok(())
+}
+
+fn device_class() -> String {
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {{name: {DRIVER}}}
+spec:
+  selectors:
+  - cel:
+      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
+"#
+    )
+}
+
+/// What the pod's container prints: its uid, its environment as the dynamically linked program
+/// sees it (loading the preload), the stand-in's record, whether the claim directory is writable.
+const POD_SCRIPT: &str = r#"echo "uid=$(id -u)"
+dir="${CUDA_DEVICE_MEMORY_SHARED_CACHE%/*}"
+# A record left by an earlier run of this container (before a reboot) proves nothing.
+rm -f "$dir/stand-in-record.$(id -u)"
+DYNAMIC_PROGRAM > /tmp/env.txt 2>/tmp/env.err || echo "dynamic-program-failed=$?"
+sed 's/^/env:/' /tmp/env.txt
+sed 's/^/stderr:/' /tmp/env.err
+sed 's/^/record:/' "$dir/stand-in-record.$(id -u)" || echo "no-record"
+if touch "$dir/written-by.$(id -u)"; then echo "claim-dir=writable"; else echo "claim-dir=read-only"; fi
+if cat /etc/ld.so.preload >/dev/null; then echo "preload=readable"; else echo "preload=unreadable"; fi
+if [ -s /var/run/secrets/kubernetes.io/serviceaccount/token ]; then echo "token=mounted"; else echo "token=none"; fi
+echo "done"
+exec sleep 3600
+"#;
+
+/// A claim of `memory` and `cores` and a pod using it, running as `user` (the image's default,
+/// root, when `None`).
+fn claim_and_pod(name: &str, memory: &str, cores: &str, user: Option<u32>) -> String {
+    let security = user
+        .map_or_else(String::new, |u| format!("  securityContext: {{runAsUser: {u}, runAsGroup: {u}, runAsNonRoot: true}}\n"));
+    let script = POD_SCRIPT.replace("DYNAMIC_PROGRAM", DYNAMIC_PROGRAM);
+    let script = serde_json::to_string(&script).unwrap();
+    format!(
+        r#"apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {{name: {name}, namespace: default}}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: {DRIVER}
+        capacity:
+          requests: {{memory: "{memory}", cores: "{cores}"}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Always
+{security}  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
+  containers:
+  - name: main
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", {script}]
+    resources: {{claims: [{{name: gpu}}]}}
+"#
+    )
+}
+
+/// What a pod's container printed.
+struct Seen {
+    uid: String,
+    env: BTreeMap<String, String>,
+    record: BTreeMap<String, String>,
+    flags: BTreeMap<String, String>,
+    raw: String,
+}
+
+/// Waits until pod `name`'s container has printed `done`, and parses what it printed.
+fn wait_output(node: &mut Node, kubectl: &Kubectl, name: &str) -> anyhow::Result<Seen> {
+    let raw = eventually(&format!("pod {name}'s container to report"), Duration::from_secs(120), || {
+        node.check_running()?;
+        let pod = kubectl.get_json(&["pod", name])?;
+        if pod["status"]["phase"] == "Failed" {
+            bail!("pod {name} failed: {}", pod["status"]);
+        }
+        let log =
+            node.container_log("default", name, "main").map_err(|e| anyhow::anyhow!("{e:#}; pod status: {}", pod["status"]))?;
+        Ok(log.lines().any(|l| l == "done").then_some(log))
+    })?;
+    let mut seen = Seen { uid: String::new(), env: BTreeMap::new(), record: BTreeMap::new(), flags: BTreeMap::new(), raw };
+    for line in seen.raw.lines() {
+        let (map, rest) = if let Some(rest) = line.strip_prefix("env:") {
+            (&mut seen.env, rest)
+        } else if let Some(rest) = line.strip_prefix("record:") {
+            (&mut seen.record, rest)
+        } else {
+            (&mut seen.flags, line)
+        };
+        if let Some((k, v)) = rest.split_once('=') {
+            map.insert(k.to_owned(), v.to_owned());
+        }
+    }
+    seen.uid = seen.flags.get("uid").cloned().unwrap_or_default();
+    Ok(seen)
+}
+
+fn check(seen: &Seen, pod: &str, uid: u32, card: &str, cache: &str) -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    let mut want = |what: &str, got: Option<&String>, value: &str| {
+        if got.map(String::as_str) != Some(value) {
+            problems.push(format!("{what} is {got:?}, not {value:?}"));
+        }
+    };
+    want("the container's uid", Some(&seen.uid), &uid.to_string());
+    want("CUDA_DEVICE_MEMORY_LIMIT_0", seen.env.get("CUDA_DEVICE_MEMORY_LIMIT_0"), "4096m");
+    want("CUDA_DEVICE_SM_LIMIT", seen.env.get("CUDA_DEVICE_SM_LIMIT"), "50");
+    want("NVIDIA_VISIBLE_DEVICES", seen.env.get("NVIDIA_VISIBLE_DEVICES"), card);
+    want("CUDA_DEVICE_MEMORY_SHARED_CACHE", seen.env.get("CUDA_DEVICE_MEMORY_SHARED_CACHE"), cache);
+    want("/etc/ld.so.preload", seen.flags.get("preload"), "readable");
+    want("the claim directory", seen.flags.get("claim-dir"), "writable");
+    // The stand-in's record: ld.so loaded libvgpu.so into the dynamically linked program.
+    want("the preloaded library's uid", seen.record.get("uid"), &uid.to_string());
+    want("the preloaded library's memory limit", seen.record.get("memory"), "4096m");
+    want("the preloaded library's SM limit", seen.record.get("cores"), "50");
+    want("the preloaded library's cache", seen.record.get("cache"), cache);
+    want("the preloaded library's lock", seen.record.get("lock"), "ok");
+    ensure!(problems.is_empty(), "pod {pod}:\n- {}", problems.join("\n- "));
+    Ok(())
+}
+
+/// The UUID the node's ResourceSlice publishes for `device`, once there is one.
+fn card_uuid(kubectl: &Kubectl, device: &str) -> anyhow::Result<Option<String>> {
+    let slices = kubectl.get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={NODE}")])?;
+    Ok(slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .find(|d| d["name"] == device)
+        .and_then(|d| d["attributes"]["uuid"]["string"].as_str())
+        .map(str::to_owned))
+}
+
+/// The node's CDI spec files, with their contents.
+fn spec_files(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut files = BTreeMap::new();
+    for entry in std::fs::read_dir(node.cdi_dir())? {
+        let entry = entry?;
+        files.insert(entry.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(entry.path())?);
+    }
+    Ok(files)
+}
+
+/// How many CDI spec files of claim `uid` the node's CDI directory holds.
+fn cdi_specs(node: &Node, uid: &str) -> usize {
+    std::fs::read_dir(node.cdi_dir())
+        .map(|d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().contains(uid)).count())
+        .unwrap_or(0)
+}
+
+/// The container ID and restart count of each pod's container.
+fn container_ids(kubectl: &Kubectl, pods: &[&str]) -> anyhow::Result<Vec<(String, Value, Value)>> {
+    pods.iter()
+        .map(|pod| {
+            let p = kubectl.get_json(&["pod", pod])?;
+            let status = &p["status"]["containerStatuses"][0];
+            Ok(((*pod).to_owned(), status["containerID"].clone(), status["restartCount"].clone()))
+        })
+        .collect()
+}
