@@ -19,7 +19,7 @@ use crate::metrics::Metrics;
 use crate::plugin::cdi::CdiOptions;
 use crate::plugin::checkpoint::Checkpoint;
 use crate::plugin::health::HealthService;
-use crate::plugin::source::ClaimSource;
+use crate::plugin::source::{ClaimCache, ClaimSource};
 use crate::plugin::state::{State, StateOptions, Storage};
 use crate::plugin::{self, Paths};
 use crate::publisher::{Publisher, PublisherOptions};
@@ -88,12 +88,10 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
             resolved.log_mig(&inventory);
         }
         let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
-        let claims = ClaimSource::api(client.clone()).with_cache(claim_cache(
-            client.clone(),
-            config.driver_name.to_string(),
-            args.node_name.clone(),
-            cancel.clone(),
-        ));
+        // This node's claims only, read one by one when the kubelet names them: no watch of
+        // the cluster's claims (see `plugin::source`).
+        let cache = ClaimCache::new(config.driver_name.to_string(), args.node_name.clone());
+        let claims = ClaimSource::api(client.clone()).with_cache(cache);
         let options = StateOptions { deleted_claim_grace: Duration::from_secs(args.deleted_claim_grace_seconds), ..Default::default() };
         let state = State::recover(
             claims,
@@ -204,54 +202,4 @@ pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::
         toolkit_dirs: vec!["/etc/cdi".into(), args.cdi_dir.clone()],
         ..CdiOptions::for_driver(&config.driver_name, &args.hami_core_dir)?
     })
-}
-
-/// A watch cache of the ResourceClaims allocated to this node's devices, so a prepare usually
-/// needs no API round trip. The watch sees every claim of the cluster (claims cannot be selected
-/// by node); the others are dropped before they reach the store, so memory follows this node's
-/// claims, not the cluster's.
-fn claim_cache(
-    client: kube::Client,
-    driver: String,
-    node: String,
-    cancel: CancellationToken,
-) -> kube::runtime::reflector::Store<k8s_openapi::api::resource::v1::ResourceClaim> {
-    use futures::{StreamExt, TryStreamExt};
-    use kube::runtime::{WatchStreamExt, reflector, watcher};
-    let (reader, writer) = reflector::store();
-    let api: kube::Api<k8s_openapi::api::resource::v1::ResourceClaim> = kube::Api::all(client);
-    let ours = move |c: &k8s_openapi::api::resource::v1::ResourceClaim| crate::plugin::claim::allocated_here(c, &driver, &node);
-    let events = watcher(api, watcher::Config::default()).try_filter_map(move |event| {
-        let kept = match event {
-            // A claim that stops being ours (deallocated, reallocated) leaves the store.
-            watcher::Event::Apply(c) if !ours(&c) => Some(watcher::Event::Delete(c)),
-            watcher::Event::InitApply(c) if !ours(&c) => None,
-            watcher::Event::Apply(c) => Some(watcher::Event::Apply(slim(c))),
-            watcher::Event::InitApply(c) => Some(watcher::Event::InitApply(slim(c))),
-            other => Some(other),
-        };
-        std::future::ready(Ok(kept))
-    });
-    let stream = reflector(writer, events).default_backoff();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                item = stream.next() => match item {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => tracing::debug!(error = %e, "ResourceClaim watch restarts"),
-                    None => return,
-                },
-            }
-        }
-    });
-    reader
-}
-
-/// What the plugin reads of a claim is its identity, allocation and reservations: the field
-/// managers, often the largest part, are not kept.
-fn slim(mut claim: k8s_openapi::api::resource::v1::ResourceClaim) -> k8s_openapi::api::resource::v1::ResourceClaim {
-    claim.metadata.managed_fields = None;
-    claim
 }

@@ -383,12 +383,19 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     // Least privilege: nothing beyond the verbs the driver calls (`can-i -q` exits 1 for no).
     let may = |verb: &str, resource: &str| as_driver.run(&["auth", "can-i", "-q", verb, resource]).is_ok();
     anyhow::ensure!(
-        may("patch", "resourceslices") && may("watch", "resourceclaims") && may("get", "pods"),
+        may("patch", "resourceslices") && may("get", "resourceclaims") && may("get", "pods"),
         "the driver lacks its own verbs"
     );
-    for (verb, resource) in
-        [("update", "resourceslices"), ("get", "secrets"), ("patch", "nodes"), ("create", "resourceclaims"), ("list", "pods")]
-    {
+    for (verb, resource) in [
+        ("update", "resourceslices"),
+        ("get", "secrets"),
+        ("patch", "nodes"),
+        ("create", "resourceclaims"),
+        // A node reads the claims the kubelet names, never the cluster's in bulk.
+        ("list", "resourceclaims"),
+        ("watch", "resourceclaims"),
+        ("list", "pods"),
+    ] {
         anyhow::ensure!(!may(verb, resource), "the driver may {verb} {resource}");
     }
 

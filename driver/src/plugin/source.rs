@@ -1,18 +1,29 @@
-//! Where the plugin reads claims and pods: the API server (through the node's watch cache, with
-//! a GET on a miss), or a fixed set of objects (`prepare-preview`, unit tests). Every API call
-//! has a deadline, so a hung API server costs one claim its answer, never a whole batch: the
-//! kubelet waits 45 s for a batch, and claims already prepared need no API at all.
+//! Where the plugin reads claims and pods: the API server, one claim at a time (the kubelet names
+//! the claim it wants prepared), or a fixed set of objects (`prepare-preview`, unit tests). Every
+//! API call has a deadline, so a hung API server costs one claim its answer, never a whole batch:
+//! the kubelet waits 45 s for a batch, and claims already prepared need no API at all.
+//!
+//! A node reads only its own claims, so its API traffic and memory follow the claims of this node,
+//! not of the cluster (no watch of all claims; the ServiceAccount needs `get` on claims only). A
+//! claim is first read with `resourceVersion=0`, which the API server answers from its watch
+//! cache without a round trip to etcd; that answer may lag, so it is taken only when it is the
+//! claim asked for (same UID) and allocated to this node. Anything else (not found, another UID,
+//! not allocated here yet) is read again from etcd (a quorum GET) before the caller acts on it:
+//! "not found" and "not ours" always come from a fresh read. The claims read are kept (identity
+//! and reservations only) in a small per-node cache until they are unprepared: the metrics and the periodic checks use
+//! it, and a check re-reads a claim only when its last read is older than the check asks.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::runtime::reflector::{ObjectRef, Store};
-use vgpu_scheduling::{Namespace, ObjectName};
+use kube::api::GetParams;
+use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
-use super::claim::ClaimRef;
+use super::claim::{ClaimRef, allocated_here};
 
 /// How long one API read may take. Well under the kubelet's 45 s, and short enough that a batch
 /// mixing prepared claims (answered from the checkpoint) with one that needs the API is answered
@@ -42,15 +53,87 @@ pub enum SourceError {
     },
 }
 
+/// This node's claims as last read from the API: only claims allocated here, each kept as its
+/// identity and reservations with the time it was read. Entries leave when the claim is unprepared
+/// or a read finds it gone or no longer ours, so the cache holds this node's claims only.
+#[derive(Clone)]
+pub struct ClaimCache {
+    driver: String,
+    node: String,
+    entries: Arc<Mutex<Entries>>,
+}
+
+/// Each claim read, with when it was read.
+type Entries = HashMap<Uid, (Arc<ResourceClaim>, Instant)>;
+
+impl ClaimCache {
+    /// An empty cache for the claims of `driver` on `node`.
+    pub fn new(driver: impl Into<String>, node: impl Into<String>) -> Self {
+        Self { driver: driver.into(), node: node.into(), entries: Arc::default() }
+    }
+
+    /// How many claims it holds.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        // A panic elsewhere cannot leave the map half-written: every update is one insert or remove.
+        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether `found` is the claim asked for and allocated to this node.
+    fn current(&self, claim: &ClaimRef, found: &ResourceClaim) -> bool {
+        found.metadata.uid.as_deref() == Some(claim.uid.as_str()) && allocated_here(found, &self.driver, &self.node)
+    }
+
+    /// Keeps what a read found of `claim`, or forgets it when it is gone or not ours.
+    fn update(&self, claim: &ClaimRef, found: Option<&ResourceClaim>) {
+        match found {
+            Some(c) if self.current(claim, c) => {
+                self.lock().insert(claim.uid.clone(), (Arc::new(slim(c)), Instant::now()));
+            }
+            _ => {
+                self.lock().remove(&claim.uid);
+            }
+        }
+    }
+}
+
+/// What the cache keeps of a claim: its identity and whom it is reserved for (the metrics name
+/// the pod). The allocation is not kept: a prepare always reads the claim anew.
+fn slim(claim: &ResourceClaim) -> ResourceClaim {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: claim.metadata.name.clone(),
+            namespace: claim.metadata.namespace.clone(),
+            uid: claim.metadata.uid.clone(),
+            ..Default::default()
+        },
+        spec: Default::default(),
+        status: claim.status.as_ref().map(|s| k8s_openapi::api::resource::v1::ResourceClaimStatus {
+            reserved_for: s.reserved_for.clone(),
+            ..Default::default()
+        }),
+    }
+}
+
 /// Claims and pods, from the API or from a fixed set.
 #[derive(Clone)]
 pub enum ClaimSource {
-    /// The API server, through the node's claim cache when there is one.
+    /// The API server, claim by claim.
     Api {
         /// The client.
         client: kube::Client,
-        /// The watch cache of this node's claims.
-        cache: Option<Store<ResourceClaim>>,
+        /// This node's claims as last read; without it every read is a quorum GET and nothing
+        /// is kept.
+        cache: Option<ClaimCache>,
         /// Deadline of each read.
         timeout: Duration,
     },
@@ -69,65 +152,102 @@ impl ClaimSource {
         Self::Api { client, cache: None, timeout: DEFAULT_API_TIMEOUT }
     }
 
-    /// Adds the watch cache (API sources only).
+    /// Adds the node's claim cache (API sources only).
     #[must_use]
-    pub fn with_cache(self, store: Store<ResourceClaim>) -> Self {
+    pub fn with_cache(self, cache: ClaimCache) -> Self {
         match self {
-            Self::Api { client, timeout, .. } => Self::Api { client, cache: Some(store), timeout },
+            Self::Api { client, timeout, .. } => Self::Api { client, cache: Some(cache), timeout },
             fixed @ Self::Fixed { .. } => fixed,
         }
     }
 
-    /// The claim from the cache, only if it is the one asked for (same UID) and allocated: no
-    /// API call, for metrics and for the periodic checks.
+    /// The claim as last read, only if it is the one asked for (same UID) and was allocated
+    /// here then: no API call, for metrics.
     pub fn cached(&self, claim: &ClaimRef) -> Option<Arc<ResourceClaim>> {
+        self.cached_within(claim, None)
+    }
+
+    /// As [`ClaimSource::cached`], only if it was read less than `age` ago (`None`: any age).
+    /// Fixed sources always answer.
+    pub fn cached_within(&self, claim: &ClaimRef, age: Option<Duration>) -> Option<Arc<ResourceClaim>> {
         match self {
             Self::Api { cache: Some(cache), .. } => {
-                let c = cache.get(&ObjectRef::new(claim.name.as_str()).within(claim.namespace.as_str()))?;
-                let current = c.metadata.uid.as_deref() == Some(claim.uid.as_str())
-                    && c.status.as_ref().is_some_and(|s| s.allocation.is_some());
-                current.then_some(c)
+                let entries = cache.lock();
+                let (c, read) = entries.get(&claim.uid)?;
+                age.is_none_or(|age| read.elapsed() < age).then(|| c.clone())
             }
             Self::Api { .. } => None,
             Self::Fixed { claims, .. } => named(claims, &claim.namespace, &claim.name).map(|c| Arc::new(c.clone())),
         }
     }
 
-    /// The claim named by `claim` (whatever its UID: the caller compares), from the cache when
-    /// it holds the allocated claim with that UID, else with one GET. `None`: the API says it
-    /// does not exist.
+    /// Forgets what was read of the claim `uid` (it was unprepared).
+    pub fn forget(&self, uid: &Uid) {
+        if let Self::Api { cache: Some(cache), .. } = self {
+            cache.lock().remove(uid);
+        }
+    }
+
+    /// The claim named by `claim` (whatever its UID: the caller compares), read now: from the
+    /// API server's watch cache when that holds the claim with this UID allocated here, else
+    /// with a quorum GET. `None`: the API says it does not exist.
     ///
     /// # Errors
     /// [`SourceError`] when the API does not answer in time or answers with an error.
     pub async fn claim(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, SourceError> {
-        if let Some(c) = self.cached(claim) {
-            return Ok(Some((*c).clone()));
+        let Self::Api { client, cache, timeout } = self else {
+            return self.claim_by_name(&claim.namespace, &claim.name).await;
+        };
+        let api: Api<ResourceClaim> = Api::namespaced(client.clone(), claim.namespace.as_str());
+        let what = || format!("ResourceClaim {}/{}", claim.namespace, claim.name);
+        let Some(cache) = cache else {
+            return get(&api, &claim.name, &GetParams::default(), *timeout, what).await;
+        };
+        let started = Instant::now();
+        let seen = get(&api, &claim.name, &GetParams::any(), *timeout, what).await?;
+        if let Some(c) = seen.filter(|c| cache.current(claim, c)) {
+            cache.update(claim, Some(&c));
+            return Ok(Some(c));
         }
-        self.claim_by_name(&claim.namespace, &claim.name).await
+        // The second read shares the deadline with the first.
+        let left = timeout.saturating_sub(started.elapsed());
+        let found = get(&api, &claim.name, &GetParams::default(), left, what).await?;
+        cache.update(claim, found.as_ref());
+        Ok(found)
     }
 
-    /// The claim `namespace/name`, with one GET (fixed sources: by name).
+    /// The claim `namespace/name`, with one quorum GET (fixed sources: by name).
     ///
     /// # Errors
     /// As [`ClaimSource::claim`].
     pub async fn claim_by_name(&self, namespace: &Namespace, name: &ObjectName) -> Result<Option<ResourceClaim>, SourceError> {
         match self {
             Self::Api { client, timeout, .. } => {
-                get(Api::namespaced(client.clone(), namespace.as_str()), name, *timeout, "ResourceClaim", namespace).await
+                let api: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace.as_str());
+                get(&api, name, &GetParams::default(), *timeout, || format!("ResourceClaim {namespace}/{name}")).await
             }
             Self::Fixed { claims, .. } => Ok(named(claims, namespace, name).cloned()),
         }
     }
 
-    /// The pod `namespace/name`; `None` when it does not exist (or, for fixed sources, was not
-    /// given).
+    /// The pod `namespace/name`, read for its containers and claims, which cannot change once
+    /// the pod exists: the API server's watch cache answers when it holds the pod with UID `uid`
+    /// (no read from etcd), else it is read with a quorum GET. `None` when it does not exist (or,
+    /// for fixed sources, was not given); the caller still compares the UID.
     ///
     /// # Errors
     /// As [`ClaimSource::claim`].
-    pub async fn pod(&self, namespace: &Namespace, name: &ObjectName) -> Result<Option<Pod>, SourceError> {
+    pub async fn pod(&self, namespace: &Namespace, name: &ObjectName, uid: &str) -> Result<Option<Pod>, SourceError> {
         match self {
             Self::Api { client, timeout, .. } => {
-                get(Api::namespaced(client.clone(), namespace.as_str()), name, *timeout, "Pod", namespace).await
+                let api: Api<Pod> = Api::namespaced(client.clone(), namespace.as_str());
+                let what = || format!("Pod {namespace}/{name}");
+                let started = Instant::now();
+                let seen = get(&api, name, &GetParams::any(), *timeout, what).await?;
+                if let Some(pod) = seen.filter(|p| p.metadata.uid.as_deref() == Some(uid)) {
+                    return Ok(Some(pod));
+                }
+                get(&api, name, &GetParams::default(), timeout.saturating_sub(started.elapsed()), what).await
             }
             Self::Fixed { pods, .. } => Ok(named(pods, namespace, name).cloned()),
         }
@@ -183,19 +303,19 @@ fn named<'a, K: kube::Resource>(list: &'a [K], namespace: &Namespace, name: &Obj
 }
 
 async fn get<K>(
-    api: Api<K>,
+    api: &Api<K>,
     name: &ObjectName,
+    params: &GetParams,
     after: Duration,
-    kind: &str,
-    namespace: &Namespace,
+    what: impl Fn() -> String,
 ) -> Result<Option<K>, SourceError>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let what = || format!("{kind} {namespace}/{name}");
     // The name is a validated DNS subdomain: it cannot add a path segment or a query to the URL.
-    match tokio::time::timeout(after, api.get_opt(name.as_str())).await {
-        Ok(Ok(found)) => Ok(found),
+    match tokio::time::timeout(after, api.get_with(name.as_str(), params)).await {
+        Ok(Ok(found)) => Ok(Some(found)),
+        Ok(Err(kube::Error::Api(status))) if status.is_not_found() => Ok(None),
         Ok(Err(source)) => Err(SourceError::Api { what: what(), source }),
         Err(_) => Err(SourceError::Timeout { what: what(), after }),
     }
@@ -216,9 +336,48 @@ mod tests {
         let want = ClaimRef::new("b", "c", "u9").unwrap();
         let found = source.claim(&want).await.unwrap().unwrap();
         assert_eq!(found.metadata.uid.as_deref(), Some("u2"), "the caller compares UIDs");
-        assert!(source.pod(&want.namespace, &want.name).await.unwrap().is_none());
+        assert!(source.pod(&want.namespace, &want.name, "u1").await.unwrap().is_none());
         let missing = ClaimRef::new("c", "c", "u1").unwrap();
         assert!(source.claim(&missing).await.unwrap().is_none());
+    }
+
+    fn allocated(uid: &str, driver: &str, pool: &str) -> ResourceClaim {
+        serde_saphyr::from_str(&format!(
+            "metadata: {{name: c, namespace: ns, uid: {uid}, managedFields: [{{manager: kube-scheduler}}]}}\nspec: {{}}\n\
+status: {{allocation: {{devices: {{results: [{{driver: {driver}, pool: {pool}, device: hami-gpu-0, request: gpu}}]}}}}}}\n"
+        ))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_cache_keeps_only_this_nodes_claims_and_forgets_them() {
+        crate::install_crypto_provider();
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let cache = ClaimCache::new("d", "n");
+        let source = ClaimSource::api(kube::Client::try_from(config).unwrap()).with_cache(cache.clone());
+        let want = ClaimRef::new("ns", "c", "u1").unwrap();
+        for (found, kept) in [
+            (allocated("u1", "d", "other-node"), false),
+            (allocated("u1", "other-driver", "n"), false),
+            (allocated("u2", "d", "n"), false),
+            (claim("ns", "c", "u1"), false),
+            (allocated("u1", "d", "n"), true),
+        ] {
+            cache.update(&want, Some(&found));
+            assert_eq!(source.cached(&want).is_some(), kept, "{found:?}");
+        }
+        let kept = source.cached(&want).unwrap();
+        assert!(kept.metadata.managed_fields.is_none(), "field managers are not kept");
+        assert!(kept.status.as_ref().is_some_and(|s| s.allocation.is_none()), "nor the allocation: a prepare reads anew");
+        assert_eq!(kept.metadata.uid.as_deref(), Some("u1"));
+        assert!(source.cached_within(&want, Some(Duration::from_secs(60))).is_some());
+        assert!(source.cached_within(&want, Some(Duration::ZERO)).is_none(), "too old for the check");
+        // A read that finds it gone, or another node's, drops it; so does an unprepare.
+        cache.update(&want, None);
+        assert!(cache.is_empty());
+        cache.update(&want, Some(&allocated("u1", "d", "n")));
+        source.forget(&want.uid);
+        assert!(cache.is_empty());
     }
 
     #[tokio::test]

@@ -376,7 +376,7 @@ impl State {
     ) -> Result<(), PrepareError> {
         let Some((pod_name, pod_uid)) = consumer(object) else { return Ok(()) };
         let Ok(pod_name) = ObjectName::new(pod_name) else { return Ok(()) };
-        let Some(pod) = self.claims.pod(&claim.namespace, &pod_name).await? else { return Ok(()) };
+        let Some(pod) = self.claims.pod(&claim.namespace, &pod_name, pod_uid.as_str()).await? else { return Ok(()) };
         if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
             return Ok(());
         }
@@ -488,6 +488,7 @@ impl State {
             ledger.release_claim(uid);
         }
         gone.remove(uid);
+        self.claims.forget(uid);
         if blocking(|| specs.remove(uid.as_str()))? {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
@@ -509,7 +510,7 @@ impl State {
         let shares = prepared
             .iter()
             .flat_map(|p| {
-                // The pod from the watch cache only: metrics never call the API.
+                // The pod from the claims last read only: metrics never call the API.
                 let pod = self.claims.cached(&p.claim).as_deref().and_then(consumer).map(|(name, _)| name);
                 p.devices.iter().map(move |d| ShareUsage {
                     claim: p.claim.clone(),
@@ -560,6 +561,7 @@ pub(super) fn hold_whole(ledger: &mut Ledger, pending: &Pending, published: &[Pu
 pub(super) fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
     published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
 }
+
 
 /// Runs small synchronous file work (fsync included) without stalling the runtime's other tasks.
 pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
