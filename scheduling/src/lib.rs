@@ -35,6 +35,6 @@ pub mod compat;
 mod error_chain;
 pub mod limits;
 
-pub use error_chain::error_chain;
 pub use compat::{CardRequest, ClassFacts, CompatError, CompatSettings, PodConversion, convert_pod};
+pub use error_chain::error_chain;
 pub use limits::{DeviceShare, LimitError, LimitOptions, container_env, per_card};

@@ -562,7 +562,6 @@ pub(super) fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, 
     published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
 }
 
-
 /// Runs small synchronous file work (fsync included) without stalling the runtime's other tasks.
 pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
