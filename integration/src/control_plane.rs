@@ -199,6 +199,11 @@ impl ControlPlane {
         Some(self.dir.path().join("audit.log")).filter(|p| p.exists())
     }
 
+    /// The API server's process id (benchmarks read its CPU time and memory from /proc).
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.pid()
+    }
+
     /// A scratch directory that lives as long as the plane.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -159,6 +159,13 @@ pub async fn slices_of_driver(client: &Client, driver: &str) -> anyhow::Result<(
     Ok((items.len(), nodes.len()))
 }
 
+/// The nodes that have a ResourceSlice of `driver`.
+pub async fn nodes_with_slices(client: &Client, driver: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let items = api.list(&ListParams::default().fields(&format!("spec.driver={driver}"))).await?.items;
+    Ok(items.into_iter().filter_map(|s| s.spec.node_name).collect())
+}
+
 /// Polls every 5 ms until `check` holds, returning how long that took.
 pub async fn time_until<F, Fut>(timeout: Duration, mut check: F) -> anyhow::Result<Duration>
 where

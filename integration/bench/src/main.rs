@@ -5,6 +5,7 @@
 //!
 //! Speed and memory goals are judged here, by figures, never by timed tests.
 
+mod apiserver;
 mod client;
 mod cluster;
 mod procfs;
@@ -16,7 +17,7 @@ mod webhook;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::Parser;
 use futures::{StreamExt, stream};
 use vgpu_dra_integration::{ControlPlane, PlaneOptions};
@@ -28,13 +29,14 @@ use target::{Running, Target};
 
 /// Benchmarks of a DRA kubelet plugin on the test bed.
 #[derive(Debug, Parser)]
-#[command(name = "vgpu-dra-bench")]
+#[command(name = "vgpu-dra-bench", after_long_help = ANOTHER_DRIVER)]
 struct Args {
     /// The DRA driver name the plugin publishes.
     #[arg(long, default_value = "hami-core-gpu.project-hami.io")]
     driver_name: String,
     /// The plugin's command line, run by bash once per node; placeholders {node}, {dir},
-    /// {kubeconfig}, {driver}. Default: vgpu-dra (--vgpu-dra) with 8 mock H200 per node.
+    /// {kubeconfig}, {driver}. Default: vgpu-dra (--vgpu-dra) with 8 mock H200 per node, in the
+    /// environment its image gives it (MALLOC_ARENA_MAX=1).
     #[arg(long)]
     driver_command: Option<String>,
     /// The vgpu-dra binary for the default command.
@@ -61,6 +63,12 @@ struct Args {
     /// Slice wipes to time.
     #[arg(long, default_value_t = 5)]
     wipes: usize,
+    /// How long to wait for a plugin's slices, in seconds: after each wipe (a wipe not
+    /// recovered in time is reported, naming driver and node, and the run goes on without
+    /// further wipes), and for the first slice after start (the run stops there). Drivers
+    /// built on the upstream ResourceSlice controller restore wiped slices in about 50 s.
+    #[arg(long, default_value_t = 120)]
+    wipe_timeout_seconds: u64,
     /// Simulated nodes in the scale run (0 skips it).
     #[arg(long, default_value_t = 100)]
     nodes: usize,
@@ -75,15 +83,44 @@ struct Args {
     out: PathBuf,
 }
 
+/// The end of `--help`: how to measure a plugin other than vgpu-dra.
+const ANOTHER_DRIVER: &str = "\
+Measuring another driver:
+  Any DRA kubelet plugin that can run outside a cluster (a kubeconfig, a node name, and its
+  kubelet directories as flags) can be measured. Give its driver name, its command line (bash,
+  started once per node; {node} the node name, {dir} a fresh directory standing in for the
+  node's host paths, {kubeconfig} a kubeconfig for a service account bound to cluster-admin,
+  {driver} the driver name), the socket it serves DRA on, and the capacity each claim asks for
+  ('' for drivers without consumable capacity). Every claim of the single-node run must fit on
+  one node: a driver with exclusive devices needs at least --claims devices there, or fewer
+  --claims and --sizes. The webhook runs are vgpu-dra's: pass --webhook-pods 0.
+
+  Example, the kubernetes-sigs example driver's kubelet plugin, 16 shared fake GPUs:
+    vgpu-dra-bench --nodes 0 --webhook-pods 0 --driver-name gpu.example.com \\
+      --claim-requests memory=1Gi,compute=1 --wipe-timeout-seconds 120 \\
+      --driver-command 'dra-example-kubeletplugin --node-name={node} --kubeconfig={kubeconfig} \\
+        --cdi-root={dir}/cdi --kubelet-registrar-directory-path={dir}/kubelet/plugins_registry \\
+        --kubelet-plugins-directory-path={dir}/kubelet/plugins --driver-name={driver} \\
+        --num-devices=16 --gpu-allow-multiple-allocations --kube-api-qps=1000 --kube-api-burst=1000'
+
+  The default --socket, {dir}/kubelet/plugins/{driver}/dra.sock, is where plugins built on the
+  upstream kubeletplugin helper listen when given those directories. See BENCHMARKS.md.";
+
 impl Args {
+    /// How long to wait for slices: first publish and recovery after a wipe.
+    fn slice_timeout(&self) -> Duration {
+        Duration::from_secs(self.wipe_timeout_seconds)
+    }
+
     fn target(&self) -> anyhow::Result<Target> {
         let command = match &self.driver_command {
             Some(c) => c.clone(),
             None => {
                 let bin = std::fs::canonicalize(&self.vgpu_dra)
                     .with_context(|| format!("{} (build it: cargo build --release -p vgpu-dra)", self.vgpu_dra.display()))?;
+                // The environment the image and the chart give it (one malloc arena).
                 format!(
-                    "{} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
+                    "env MALLOC_ARENA_MAX=1 {} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
 --cdi-dir={{dir}}/cdi --hami-core-dir={{dir}}/vgpu --lock-dir={{dir}}/vgpulock --metrics-address=127.0.0.1:0 \
 --driver-name={{driver}} --mock-gpus='8xNVIDIA H200:141Gi' --device-split-count=128",
                     bin.display()
@@ -151,11 +188,19 @@ async fn single(args: &Args, target: &Target) -> anyhow::Result<Single> {
     let audit_log = plane.audit_log().context("no audit log")?;
 
     let mut running = target.start(&plane, &identity.kubeconfig, node)?;
-    let first = cluster::time_until(Duration::from_secs(60), || async {
+    let first = cluster::time_until(args.slice_timeout(), || async {
         Ok(cluster::slice_count(&client, &target.driver, node).await? > 0)
     })
     .await
-    .with_context(|| format!("first slice\n{}", running.process.tail(20)))?;
+    .with_context(|| {
+        format!(
+            "driver {} on node {node}: no ResourceSlice within {} s of start (--wipe-timeout-seconds); \
+its output ends:\n{}",
+            target.driver,
+            args.wipe_timeout_seconds,
+            running.process.tail(20)
+        )
+    })?;
     let plugin = Plugin::connect(&running.socket, Duration::from_secs(30)).await?;
     let pid = pid_of(&running)?;
 
@@ -187,13 +232,29 @@ async fn single(args: &Args, target: &Target) -> anyhow::Result<Single> {
     let with_prepared = procfs::sample(pid)?;
     let count = cluster::slice_count(&client, &target.driver, node).await?;
     let mut wipe_recovery_ms = Vec::new();
-    for _ in 0..args.wipes {
+    let mut wipe_not_recovered = None;
+    for wipe in 1..=args.wipes {
         cluster::wipe(&client, &target.driver, node).await?;
-        let took = cluster::time_until(Duration::from_secs(30), || async {
+        let back = cluster::time_until(args.slice_timeout(), || async {
             Ok(cluster::slice_count(&client, &target.driver, node).await? >= count)
         })
-        .await?;
-        wipe_recovery_ms.push(took.as_secs_f64() * 1e3);
+        .await;
+        match back {
+            Ok(took) => wipe_recovery_ms.push(took.as_secs_f64() * 1e3),
+            Err(_) => {
+                // Reported, not fatal: the latency and memory figures are still good. Later
+                // wipes would time a plugin that has not recovered from this one, so stop.
+                let now = cluster::slice_count(&client, &target.driver, node).await.unwrap_or(0);
+                let message = format!(
+                    "driver {} on node {node}: {now} of {count} slices back {} s after wipe {wipe} of {} \
+(--wipe-timeout-seconds); no further wipes",
+                    target.driver, args.wipe_timeout_seconds, args.wipes
+                );
+                eprintln!("bench: {message}");
+                wipe_not_recovered = Some(message);
+                break;
+            }
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     run(&plugin, &claims, args.concurrency, false).await?;
@@ -210,6 +271,8 @@ async fn single(args: &Args, target: &Target) -> anyhow::Result<Single> {
         with_prepared,
         prepared_claims: claims.len(),
         wipe_recovery_ms,
+        wipe_timeout_seconds: args.wipe_timeout_seconds,
+        wipe_not_recovered,
     })
 }
 
@@ -246,18 +309,26 @@ async fn scale(args: &Args, target: &Target) -> anyhow::Result<Scale> {
     let identity = cluster::prepare(&plane, &target.driver)?;
     let client = cluster::client(&plane).await?;
     let window = cluster::AuditWindow::start(&plane.audit_log().context("no audit log")?)?;
+    let server_pid = plane.apiserver_pid().context("kube-apiserver not running")?;
+    let server_before = apiserver::usage(server_pid)?;
 
     let first_start = Instant::now();
     let mut plugins: Vec<Running> =
         nodes.iter().map(|n| target.start(&plane, &identity.kubeconfig, n)).collect::<anyhow::Result<_>>()?;
     let want = nodes.len();
-    let all_slices = cluster::time_until(Duration::from_secs(300), || async {
-        Ok(cluster::slices_of_driver(&client, &target.driver).await?.1 >= want)
-    })
-    .await?;
+    // Hundreds of plugins start at once on a few CPUs: at least 300 s, more if asked for.
+    let wait = args.slice_timeout().max(Duration::from_secs(300));
+    let published =
+        cluster::time_until(wait, || async { Ok(cluster::slices_of_driver(&client, &target.driver).await?.1 >= want) }).await;
+    let Ok(all_slices) = published else {
+        bail!("{}", unpublished(&client, target, &nodes, &mut plugins, wait).await);
+    };
     let _ = first_start;
     let (slices, nodes_with_slices) = cluster::slices_of_driver(&client, &target.driver).await?;
 
+    // Watch traffic from here on is what claims cost: slices are published and stay put.
+    let watch_before = apiserver::WatchTraffic::scrape(&client).await?;
+    let claims_window = cluster::AuditWindow::start(&plane.audit_log().context("no audit log")?)?;
     cluster::create_claims(&plane, "s", args.claims, &args.claim_requests, None)?;
     let (claims, allocate) = cluster::wait_allocated(&client, "s", args.claims, Duration::from_secs(420)).await?;
 
@@ -276,6 +347,9 @@ async fn scale(args: &Args, target: &Target) -> anyhow::Result<Scale> {
         .await;
     let prepare = Summary::of(latencies.into_iter().collect::<anyhow::Result<_>>()?, prep_started.elapsed());
     let requests_until_prepared = window.requests_of(&identity.user)?;
+    let requests_for_claims = claims_window.requests_of(&identity.user)?;
+    let watch_after = apiserver::WatchTraffic::scrape(&client).await?;
+    let server_after = apiserver::usage(server_pid)?;
 
     let mut total_rss_mib = 0.0;
     for p in &mut plugins {
@@ -296,7 +370,41 @@ async fn scale(args: &Args, target: &Target) -> anyhow::Result<Scale> {
         prepare,
         total_rss_mib,
         requests_until_prepared,
+        requests_for_claims,
+        claim_watch_events: watch_after.events_since(&watch_before, "resourceclaims"),
+        slice_watch_events: watch_after.events_since(&watch_before, "resourceslices"),
+        watches: watch_after.watches,
+        apiserver_cpu_seconds: server_after.cpu_seconds - server_before.cpu_seconds,
+        apiserver_peak_rss_mib: server_after.peak_rss_mib,
         steady_requests_per_minute: steady_requests.total as f64 * 60.0 / steady.as_secs_f64(),
         wall_seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Which nodes have no slice of the driver after `waited`, and which of their plugins exited.
+async fn unpublished(
+    client: &kube::Client,
+    target: &Target,
+    nodes: &[String],
+    plugins: &mut [Running],
+    waited: Duration,
+) -> String {
+    let with = cluster::nodes_with_slices(client, &target.driver).await.unwrap_or_default();
+    let missing: Vec<&str> = nodes.iter().map(String::as_str).filter(|n| !with.contains(*n)).collect();
+    let exited: Vec<String> = plugins
+        .iter_mut()
+        .filter(|p| missing.contains(&p.node.as_str()))
+        .filter_map(|p| p.process.check_running().err().map(|e| format!("\n{}: {e:#}", p.node)))
+        .take(3)
+        .collect();
+    format!(
+        "driver {}: {} of {} nodes have no ResourceSlice {} s after start (--wipe-timeout-seconds): {}{}{}",
+        target.driver,
+        missing.len(),
+        nodes.len(),
+        waited.as_secs(),
+        missing.iter().take(10).copied().collect::<Vec<_>>().join(", "),
+        if missing.len() > 10 { ", ..." } else { "" },
+        exited.concat()
+    )
 }
