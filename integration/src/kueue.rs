@@ -15,12 +15,12 @@
 //! `--controllers` list has none).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde_json::{Value, json};
 
+use crate::webhook_tls::{base64, make_certificates, path_str};
 use crate::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port};
 
 /// The API groups whose webhooks the manager serves (its linked integrations: batch/v1 Job).
@@ -93,7 +93,7 @@ impl Kueue {
             kubectl.run(&["create", "namespace", "kueue-system"])?;
         }
 
-        let ca = make_certificates(&dir)?;
+        let ca = make_certificates(&dir, "kueue-test-ca")?;
         let (webhook_port, health_port, metrics_port) = (free_port()?, free_port()?, free_port()?);
         let webhooks = binary.with_file_name("webhooks.yaml");
         register_webhooks(kubectl, &webhooks, webhook_port, &ca)?;
@@ -171,29 +171,6 @@ spec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{n
     }
 }
 
-/// The PEM of a CA, made under `dir` with a serving certificate for 127.0.0.1 signed by it
-/// (`tls.crt`, `tls.key`: the names controller-runtime's webhook server reads).
-fn make_certificates(dir: &Path) -> anyhow::Result<String> {
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")?;
-    let steps = [
-        "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=kueue-test-ca",
-        "req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout tls.key -out tls.csr -subj /CN=127.0.0.1",
-        "x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 -extfile san.ext",
-    ];
-    for step in steps {
-        let out = Command::new("openssl")
-            .current_dir(dir)
-            .args(step.split(' '))
-            .stdin(Stdio::null())
-            .output()
-            .context("running openssl")?;
-        if !out.status.success() {
-            bail!("openssl {step}: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-    }
-    Ok(std::fs::read_to_string(dir.join("ca.crt"))?)
-}
-
 /// Registers the webhooks of Kueue's release (`manifests`) that the manager serves, each called
 /// at `https://127.0.0.1:<port><path>` and trusted through `ca_pem`.
 fn register_webhooks(kubectl: &Kubectl, manifests: &Path, port: u16, ca_pem: &str) -> anyhow::Result<()> {
@@ -232,10 +209,6 @@ fn register_webhooks(kubectl: &Kubectl, manifests: &Path, port: u16, ca_pem: &st
     Ok(())
 }
 
-fn path_str(p: &Path) -> anyhow::Result<&str> {
-    p.to_str().with_context(|| format!("{} is not UTF-8", p.display()))
-}
-
 /// A plain HTTP/1.1 GET on loopback `port`: the status line, headers and body.
 fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     use std::io::{Read, Write};
@@ -247,40 +220,14 @@ fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     Ok(text)
 }
 
-/// Standard base64 with padding (a webhook's `caBundle`).
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{KueueVersion, base64};
+    use super::KueueVersion;
 
     #[test]
     fn a_configuration_naming_a_v0_19_gate_needs_v0_19() {
         let gate = "featureGates:\n  KueueDRAIntegrationConsumableCapacity: true\n";
         assert_eq!(KueueVersion::for_configuration(gate), KueueVersion::V019);
         assert_eq!(KueueVersion::for_configuration("integrations:\n  frameworks: [batch/job]\n"), KueueVersion::V018);
-    }
-
-    #[test]
-    fn base64_pads_like_the_standard() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
     }
 }

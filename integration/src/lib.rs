@@ -13,6 +13,7 @@ pub mod kueue;
 pub mod node;
 mod process;
 pub mod volcano;
+mod webhook_tls;
 
 pub use components::{Components, VolcanoComponents, components};
 pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, write_kubeconfig};

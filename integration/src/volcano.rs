@@ -15,12 +15,12 @@
 //! manager; [`Volcano::start`] returns once it is open and the API server calls the webhooks.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde_json::{Value, json};
 
+use crate::webhook_tls::{base64, make_certificates, path_str};
 use crate::{ControlPlane, Kubectl, ManagedProcess, VolcanoComponents, eventually, free_port};
 
 /// The scheduler configuration for DRA: Volcano's default actions and tiers (from its install
@@ -106,7 +106,7 @@ impl Volcano {
         }
 
         let manifest = Manifest::read(kubectl, bins)?;
-        let ca = make_certificates(&dir)?;
+        let ca = make_certificates(&dir, "volcano-test-ca")?;
         let webhook_port = free_port()?;
         let admissions = manifest.enabled_admissions()?;
         manifest.register_webhooks(kubectl, &admissions, webhook_port, &ca)?;
@@ -274,48 +274,4 @@ impl Manifest {
         kubectl.apply(&serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": configs}))?)?;
         Ok(())
     }
-}
-
-/// The PEM of a CA, made under `dir` with a serving certificate for 127.0.0.1 signed by it
-/// (`ca.crt`, `tls.crt`, `tls.key`).
-fn make_certificates(dir: &Path) -> anyhow::Result<String> {
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")?;
-    let steps = [
-        "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=volcano-test-ca",
-        "req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout tls.key -out tls.csr -subj /CN=127.0.0.1",
-        "x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 2 -extfile san.ext",
-    ];
-    for step in steps {
-        let out = Command::new("openssl")
-            .current_dir(dir)
-            .args(step.split(' '))
-            .stdin(Stdio::null())
-            .output()
-            .context("running openssl")?;
-        if !out.status.success() {
-            bail!("openssl {step}: {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-    }
-    Ok(std::fs::read_to_string(dir.join("ca.crt"))?)
-}
-
-fn path_str(p: &Path) -> anyhow::Result<&str> {
-    p.to_str().with_context(|| format!("{} is not UTF-8", p.display()))
-}
-
-/// Standard base64 with padding (a webhook's `caBundle`).
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
