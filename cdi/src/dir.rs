@@ -2,7 +2,9 @@
 //!
 //! Container runtimes read this directory at any moment, so a spec file must never be seen half
 //! written: each write goes to a hidden temp file in the same directory (which runtimes ignore,
-//! lacking a `.json` suffix), is fsynced, renamed over the target and the directory fsynced.
+//! lacking a `.json` suffix) and is renamed over the target. Whether the file and the directory
+//! are also fsynced is the owner's choice ([`Durability`]): a spec the owner rebuilds from its own
+//! durable record needs no fsync of its own.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
@@ -70,6 +72,20 @@ pub enum SpecDirError {
 pub struct SpecDir {
     path: PathBuf,
     kind: Kind,
+    durability: Durability,
+}
+
+/// What a write or removal of a spec file promises after a power loss (never for a running
+/// system: readers always see the old file or the new one, whole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// The file and the directory are fsynced: the change survives a power loss.
+    #[default]
+    Durable,
+    /// Rename only, no fsync: after a power loss a spec may be missing, empty or back. For owners
+    /// that rebuild their specs from a durable record of their own at start-up (and where
+    /// `/var/run/cdi` is tmpfs, as on most hosts, a power loss empties it anyway).
+    Rebuildable,
 }
 
 /// An entry with one of our spec names that is not a regular file (a directory, link, FIFO...):
@@ -103,7 +119,14 @@ pub struct OwnedSpec {
 impl SpecDir {
     /// A handle on `path` for specs of `kind`; nothing is touched until the first operation.
     pub fn new(path: impl Into<PathBuf>, kind: Kind) -> Self {
-        Self { path: path.into(), kind }
+        Self { path: path.into(), kind, durability: Durability::default() }
+    }
+
+    /// The same directory with writes and removals of `durability`.
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
     }
 
     /// The directory.
@@ -134,7 +157,8 @@ impl SpecDir {
         staged.commit()
     }
 
-    /// First half of [`SpecDir::write`]: the content is durable in a temp file, not yet visible.
+    /// First half of [`SpecDir::write`]: the content is in a temp file (fsynced when
+    /// [`Durability::Durable`]), not yet visible; dropping the result removes the temp file.
     ///
     /// # Errors
     /// [`SpecDirError`] naming the file.
@@ -146,8 +170,11 @@ impl SpecDir {
         body.push(b'\n');
         let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).tempfile_in(&self.path).map_err(write_err)?;
         tmp.write_all(&body).map_err(write_err)?;
-        tmp.as_file().sync_all().map_err(write_err)?;
-        Ok(StagedSpec { tmp, target, dir: self.path.clone() })
+        let synced = self.durability == Durability::Durable;
+        if synced {
+            tmp.as_file().sync_all().map_err(write_err)?;
+        }
+        Ok(StagedSpec { tmp, target, dir: self.path.clone(), synced })
     }
 
     /// Removes the spec stored under `id`; a missing file is not an error.
@@ -158,7 +185,9 @@ impl SpecDir {
         let path = self.file_for(id)?;
         match fs::remove_file(&path) {
             Ok(()) => {
-                sync_dir(&self.path).map_err(|source| SpecDirError::Remove { path: path.clone(), source })?;
+                if self.durability == Durability::Durable {
+                    sync_dir(&self.path).map_err(|source| SpecDirError::Remove { path: path.clone(), source })?;
+                }
                 Ok(true)
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -259,17 +288,20 @@ pub struct StagedSpec {
     tmp: tempfile::NamedTempFile,
     target: PathBuf,
     dir: PathBuf,
+    synced: bool,
 }
 
 impl StagedSpec {
-    /// Renames the temp file over the target and fsyncs the directory.
+    /// Renames the temp file over the target and fsyncs the directory (when durable).
     ///
     /// # Errors
     /// [`SpecDirError::Write`]; the previous target, if any, is unchanged.
     pub fn commit(self) -> Result<PathBuf, SpecDirError> {
         let target = self.target;
         self.tmp.persist(&target).map_err(|e| SpecDirError::Write { path: target.clone(), source: e.error })?;
-        sync_dir(&self.dir).map_err(|source| SpecDirError::Write { path: target.clone(), source })?;
+        if self.synced {
+            sync_dir(&self.dir).map_err(|source| SpecDirError::Write { path: target.clone(), source })?;
+        }
         Ok(target)
     }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::path::PathBuf;
 
-use cdi_spec::{ContainerEdits, Device, DeviceNode, Hook, Kind, Mount, Spec, SpecDir};
+use cdi_spec::{ContainerEdits, Device, DeviceNode, Durability, Hook, Kind, Mount, Spec, SpecDir};
 
 fn kind() -> Kind {
     Kind::parse("k8s.hami-core-gpu.project-hami.io/claim").unwrap()
@@ -107,8 +107,15 @@ fn every_emitted_shape_reads_back_through_the_reference_implementation() {
 
 #[test]
 fn crash_between_temp_write_and_rename_leaves_the_old_spec() {
+    for durability in [Durability::Durable, Durability::Rebuildable] {
+        crash_between_temp_write_and_rename(durability);
+    }
+}
+
+/// Durability changes what a power loss keeps, never what a running reader or a crash sees.
+fn crash_between_temp_write_and_rename(durability: Durability) {
     let dir = tempfile::tempdir().unwrap();
-    let specs = SpecDir::new(dir.path(), kind());
+    let specs = SpecDir::new(dir.path(), kind()).with_durability(durability);
     let old = claim_spec("c1", &[("hami-gpu-0", 0)]);
     let path = specs.write("c1", &old).unwrap();
     let before = fs::read(&path).unwrap();
@@ -123,9 +130,13 @@ fn crash_between_temp_write_and_rename_leaves_the_old_spec() {
     assert_eq!(specs.remove_stale_temps().unwrap(), 1);
     assert!(!temp.exists());
 
-    // The next write goes through in full.
+    // The next write goes through in full; a dropped stage leaves nothing.
+    drop(specs.stage("c1", &old).unwrap());
     specs.write("c1", &new).unwrap();
     assert_eq!(read_back(&path), ["c1-hami-gpu-0", "c1-hami-gpu-1"]);
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "{durability:?}: only the spec is left");
+    assert!(specs.remove("c1").unwrap());
+    assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0, "{durability:?}");
 }
 
 #[test]

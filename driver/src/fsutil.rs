@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The name prefix of a temp file that [`write_atomically`] has not renamed yet.
 pub const TEMP_PREFIX: &str = ".vgpu-dra-tmp-";
@@ -17,6 +17,16 @@ pub const TEMP_PREFIX: &str = ".vgpu-dra-tmp-";
 /// # Errors
 /// The I/O error of the step that failed; the previous file is then unchanged.
 pub fn write_atomically(path: &Path, body: &[u8], mode: u32) -> io::Result<()> {
+    stage(path, body, mode)?.commit()
+}
+
+/// First half of [`write_atomically`]: `body` is durable in a temp file beside `path`, not yet
+/// visible under it. The slow part (the file's fsync) can so run while other work is pending
+/// and be thrown away unseen; dropping the result removes the temp file.
+///
+/// # Errors
+/// The I/O error of the step that failed.
+pub fn stage(path: &Path, body: &[u8], mode: u32) -> io::Result<Staged> {
     use std::os::unix::fs::PermissionsExt;
     let dir = path.parent().unwrap_or(Path::new("/"));
     std::fs::create_dir_all(dir)?;
@@ -24,8 +34,27 @@ pub fn write_atomically(path: &Path, body: &[u8], mode: u32) -> io::Result<()> {
     tmp.write_all(body)?;
     tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
     tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    File::open(dir)?.sync_all()
+    Ok(Staged { tmp, target: path.to_owned() })
+}
+
+/// A file written and fsynced beside its target, made visible by [`Staged::commit`].
+#[derive(Debug)]
+pub struct Staged {
+    tmp: tempfile::NamedTempFile,
+    target: PathBuf,
+}
+
+impl Staged {
+    /// Renames the temp file over the target and fsyncs the directory.
+    ///
+    /// # Errors
+    /// The I/O error of the rename or the fsync; after a failed rename the previous target is
+    /// unchanged and the temp file removed.
+    pub fn commit(self) -> io::Result<()> {
+        let dir = self.target.parent().unwrap_or(Path::new("/")).to_owned();
+        self.tmp.persist(&self.target).map_err(|e| e.error)?;
+        File::open(dir)?.sync_all()
+    }
 }
 
 /// Removes `path` so the removal survives a crash (directory fsync); a missing file is fine.
@@ -45,6 +74,25 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
+
+    #[test]
+    fn a_staged_file_is_invisible_until_committed_and_gone_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        write_atomically(&path, b"old", 0o600).unwrap();
+        let names = || std::fs::read_dir(dir.path()).unwrap().count();
+        let dropped = stage(&path, b"dropped", 0o600).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"old", "staging changes nothing visible");
+        assert_eq!(names(), 2, "the temp file sits beside the target");
+        drop(dropped);
+        assert_eq!(names(), 1, "a dropped stage leaves nothing behind");
+        let staged = stage(&path, b"new", 0o644).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        staged.commit().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"new");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o644);
+        assert_eq!(names(), 1);
+    }
 
     #[test]
     fn the_file_has_the_mode_asked_whatever_the_umask() {

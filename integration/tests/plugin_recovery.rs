@@ -24,6 +24,16 @@ fn checkpointed(dirs: &Dirs) -> Vec<String> {
     dirs.checkpointed()
 }
 
+/// Hidden files (the temp files of a write not yet renamed) in the CDI and checkpoint dirs.
+fn temp_files(dirs: &Dirs) -> Vec<String> {
+    [dirs.cdi.clone(), dirs.checkpoint()]
+        .iter()
+        .filter_map(|dir| std::fs::read_dir(dir).ok())
+        .flat_map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.starts_with('.'))
+        .collect()
+}
+
 fn wait_dead(p: &mut ManagedProcess) {
     for _ in 0..100 {
         if p.check_running().is_err() {
@@ -49,13 +59,18 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
     let uid = kubectl.run(&["get", "resourceclaim", "c1", "-o", "jsonpath={.metadata.uid}"]).unwrap();
     let claim = [("default", "c1", uid.as_str())];
 
-    for point in ["prepare-admitted", "prepare-checkpointed", "prepare-spec-written"] {
+    for point in ["prepare-staged", "prepare-admitted", "prepare-checkpointed", "prepare-spec-written"] {
         let mut dying = driver_with(&plane, &dirs, &format!("driver-{point}"), &[&format!("--fail-point={point}")]);
         let mut k = kubelet(&dirs);
         let reply = k.prepare(&claim).unwrap();
         assert!(!ok(&reply, &uid), "{point}: the call should have died with the plugin: {reply}");
         wait_dead(&mut dying);
         drop(k);
+        if point == "prepare-staged" {
+            assert_eq!(temp_files(&dirs).len(), 2, "{point}: the record and the spec are written unseen");
+            assert_eq!(specs_for(&dirs, &uid), 0, "{point}");
+            assert!(checkpointed(&dirs).is_empty(), "{point}");
+        }
         // The kubelet retries the prepare against the restarted plugin.
         let mut drv = driver(&plane, &dirs, &format!("driver-after-{point}"));
         let mut k = kubelet(&dirs);
@@ -63,6 +78,7 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
         assert!(ok(&reply, &uid), "{point}: {reply}");
         assert_eq!(specs_for(&dirs, &uid), 1, "{point}");
         assert_eq!(checkpointed(&dirs), std::slice::from_ref(&uid), "{point}");
+        assert_eq!(temp_files(&dirs), Vec::<String>::new(), "{point}: a crash's temp files are removed at start");
         // Back to unprepared for the next round.
         assert!(ok(&k.unprepare(&claim).unwrap(), &uid));
         assert_eq!(specs_for(&dirs, &uid), 0, "{point}");

@@ -234,12 +234,22 @@ impl Checkpoint {
     /// # Errors
     /// [`CheckpointError::Io`]; a previous record is then unchanged.
     pub fn record(&self, claim: &PreparedClaim) -> Result<(), CheckpointError> {
+        self.stage(claim)?.commit()
+    }
+
+    /// First half of [`Checkpoint::record`]: the record is durable in a temp file that the load
+    /// ignores (and removes), until [`StagedRecord::commit`]; dropping it removes the file.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`].
+    pub fn stage(&self, claim: &PreparedClaim) -> Result<StagedRecord, CheckpointError> {
         let path = self.record_path(&claim.claim.uid);
         let io_err = |source| CheckpointError::Io { path: path.clone(), source };
         let record = Record { version: VERSION, checksum: checksum(claim), claim: claim.clone() };
         let body = serde_json::to_vec(&record).map_err(|e| io_err(io::Error::other(e)))?;
         // Only the driver reads its records.
-        crate::fsutil::write_atomically(&path, &body, 0o600).map_err(io_err)
+        let staged = crate::fsutil::stage(&path, &body, 0o600).map_err(io_err)?;
+        Ok(StagedRecord { staged, path })
     }
 
     /// Removes the records of `uid` moved aside as corrupt, once the claim has been re-adopted
@@ -261,6 +271,24 @@ impl Checkpoint {
     pub fn forget(&self, uid: &Uid) -> Result<(), CheckpointError> {
         let path = self.record_path(uid);
         crate::fsutil::remove_durably(&path).map_err(|source| CheckpointError::Io { path, source })
+    }
+}
+
+/// A record written beside its final name, not yet part of the checkpoint.
+#[derive(Debug)]
+pub struct StagedRecord {
+    staged: crate::fsutil::Staged,
+    path: PathBuf,
+}
+
+impl StagedRecord {
+    /// Makes the record part of the checkpoint (rename, directory fsync).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`]; a previous record is then unchanged.
+    pub fn commit(self) -> Result<(), CheckpointError> {
+        let Self { staged, path } = self;
+        staged.commit().map_err(|source| CheckpointError::Io { path, source })
     }
 }
 

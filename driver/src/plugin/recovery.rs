@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cdi_spec::Durability;
 use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid};
 
@@ -52,7 +53,10 @@ impl State {
         storage: Storage,
         options: StateOptions,
     ) -> anyhow::Result<Self> {
-        let Storage { checkpoint, cdi, specs } = storage;
+        // Start-up rewrites every missing or garbled spec from its record (below, and each
+        // repeated prepare does too), so a spec needs no fsync of its own: the record's is enough.
+        let storage = Storage { specs: storage.specs.with_durability(Durability::Rebuildable), ..storage };
+        let Storage { checkpoint, cdi, specs } = storage.clone();
         let loaded = blocking(|| checkpoint.load())?;
         for (e, aside) in &loaded.corrupt {
             tracing::error!(error = %chain(e), moved_to = ?aside, "checkpoint corrupt: record moved aside; the claim is re-adopted from its CDI spec and the API");
@@ -78,6 +82,7 @@ impl State {
             fail_at: None,
             toolkit: Arc::new(ToolkitIndex::default()),
             options,
+            storage,
         };
         let published = state.first_inventory().await;
         // Capacities first: re-adopted claims are checked against them as they come back.

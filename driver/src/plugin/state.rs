@@ -1,23 +1,27 @@
 //! Prepare and unprepare under one lock: the ledger, the checkpoint and the CDI spec files move
 //! together. Order of writes makes a crash at any point safe:
-//! prepare writes the checkpoint entry before the spec (a spec never exists without its entry),
-//! unprepare drops the entry before the spec (a left-over spec is an orphan, removed at start).
+//! prepare makes the checkpoint entry visible before the spec (a spec never exists without its
+//! entry), unprepare drops the entry before the spec (a left-over spec is an orphan, removed at
+//! start).
 //!
 //! Nothing slow happens under the lock: claims and pods are read from the [`ClaimSource`] before
-//! it is taken, the inventory is a snapshot, and the NVIDIA toolkit's specs are scanned after it
-//! is released. Start-up and the periodic checks live in [`super::recovery`].
+//! it is taken, the inventory is a snapshot, the NVIDIA toolkit's specs are scanned while the
+//! claim is read, and the entry (fsynced) and the spec are written beside their names while the
+//! pod is read; under the lock they are only renamed into place. The spec is not fsynced: start-up
+//! rebuilds any spec a power loss took from its entry. Start-up and the periodic checks live in
+//! [`super::recovery`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cdi_spec::{QualifiedDeviceId, SpecDir};
+use cdi_spec::{Kind, QualifiedDeviceId, SpecDir, StagedSpec};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::Mutex;
 use vgpu_scheduling::{DeviceName, Ledger, ObjectName, PublishedDevice, SharingConfig, Uid, publish};
 
 use super::cdi::{BuildError, CdiOptions, build_spec, cdi_device_names, claim_dir};
-use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
+use super::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, StagedRecord};
 use super::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use super::containers::{top_level_requests, uses_of};
 use super::host::{CLAIM_DIR_MODE, HostError, ensure_dir};
@@ -121,6 +125,8 @@ impl From<vgpu_scheduling::AdmitError> for PrepareError {
 /// would, to prove that every interruption recovers (`--fail-point`, hidden; tests only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum FailPoint {
+    /// Prepare: entry and spec written beside their names, nothing admitted or visible.
+    PrepareStaged,
     /// Prepare: shares admitted, nothing persisted.
     PrepareAdmitted,
     /// Prepare: checkpoint written, spec not yet.
@@ -206,6 +212,9 @@ pub struct State {
     pub(super) fail_at: Option<FailPoint>,
     pub(super) toolkit: Arc<ToolkitIndex>,
     pub(super) options: StateOptions,
+    /// The same places as the lock's: read outside it to stage files and scan the toolkit's
+    /// specs; what is visible there changes only under the lock.
+    pub(super) storage: Storage,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether
@@ -261,6 +270,12 @@ impl Inner {
     }
 }
 
+/// A claim's checkpoint record (durable) and spec, written beside their names, not yet visible.
+struct StagedClaim {
+    record: StagedRecord,
+    spec: StagedSpec,
+}
+
 /// The request name of a pending claim's placeholder share in the ledger.
 pub(super) const PENDING_REQUEST: &str = "(pending adoption)";
 
@@ -286,33 +301,62 @@ impl State {
     /// # Errors
     /// [`PrepareError`] for this claim only.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        // The toolkit's specs do not depend on the claim: they are scanned while it is read.
+        let toolkit = self.scan_toolkit();
         if let Some(entry) = self.prepared_entry(claim).await? {
-            return Ok(self.answer(entry).await);
+            return Ok(self.answer(entry, toolkit).await);
         }
         let object = self.claims.claim(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
         let published = self.published()?;
         let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
         let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
-        self.check_containers(claim, &object, &devices).await?;
-        let entry = self.commit(claim, devices, &env, &published).await?;
-        Ok(self.answer(entry).await)
+        let spec = build_spec(&self.storage.cdi, claim, &devices, &published, &env)
+            .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
+        let entry = PreparedClaim { claim: claim.clone(), devices, spec };
+        // The pod is read while the entry is written and fsynced (each about a millisecond); a
+        // refused claim's files are removed unseen.
+        let (checked, staged) = tokio::join!(self.check_containers(claim, &object, &entry.devices), self.stage(&entry));
+        let staged = match (checked, staged) {
+            (Ok(()), Ok(staged)) => staged,
+            (Err(e), staged) => {
+                blocking(|| drop(staged));
+                return Err(e);
+            }
+            (Ok(()), Err(e)) => return Err(e),
+        };
+        fail_point(self.fail_at, FailPoint::PrepareStaged);
+        let entry = self.commit(entry, staged, &published).await?;
+        Ok(self.answer(entry, toolkit).await)
     }
 
-    /// Admits and persists a checked claim under the lock.
+    /// Writes `entry`'s checkpoint record and spec beside their final names, off the runtime.
+    async fn stage(&self, entry: &PreparedClaim) -> Result<StagedClaim, PrepareError> {
+        let Storage { checkpoint, specs, .. } = self.storage.clone();
+        let entry = entry.clone();
+        let staging = tokio::task::spawn_blocking(move || {
+            let record = checkpoint.stage(&entry)?;
+            let spec = specs.stage(entry.claim.uid.as_str(), &entry.spec)?;
+            Ok(StagedClaim { record, spec })
+        });
+        staging.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    /// Admits a checked claim and makes its staged files visible, under the lock.
     async fn commit(
         &self,
-        claim: &ClaimRef,
-        devices: Vec<ClaimDevice>,
-        env: &[(String, String)],
+        entry: PreparedClaim,
+        staged: StagedClaim,
         published: &[PublishedDevice],
     ) -> Result<PreparedClaim, PrepareError> {
         let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, pending, checkpoint, specs, cdi, .. } = &mut *inner;
-        if let Some(entry) = prepared.get(&claim.uid) {
-            return Ok(entry.clone());
+        let claim = &entry.claim;
+        if let Some(existing) = prepared.get(&claim.uid) {
+            // A concurrent prepare of the same claim got here first.
+            let existing = existing.clone();
+            blocking(|| drop(staged));
+            return Ok(existing);
         }
-        let spec = build_spec(cdi, claim, &devices, published, env)
-            .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
         ledger.set_capacity(capacities(published));
         // A claim held whole since start-up is being prepared with its real shares now.
         let was_pending = pending.remove(&claim.uid);
@@ -320,27 +364,28 @@ impl State {
             ledger.release_claim(&claim.uid);
         }
         let mut admitted = Vec::new();
-        for d in &devices {
+        for d in &entry.devices {
             if let Err(e) = ledger.admit(d.key(&claim.uid), d.consumption.clone()) {
                 admitted.iter().for_each(|k| {
                     ledger.release(k);
                 });
                 restore_pending(ledger, pending, published, was_pending);
+                blocking(|| drop(staged));
                 return Err(e.into());
             }
             admitted.push(d.key(&claim.uid));
         }
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
-        let entry = PreparedClaim { claim: claim.clone(), devices, spec };
         let dir = claim_dir(cdi, claim);
         let host_dirs = self.options.host_dirs;
         let written = blocking(|| {
-            checkpoint.record(&entry)?;
+            let StagedClaim { record, spec } = staged;
+            record.commit()?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             if host_dirs {
                 ensure_dir(&dir, CLAIM_DIR_MODE)?;
             }
-            specs.write(claim.uid.as_str(), &entry.spec)?;
+            spec.commit()?;
             fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
             Ok::<_, PrepareError>(())
         });
@@ -428,19 +473,24 @@ impl State {
         Ok(Some(entry.clone()))
     }
 
-    /// The answer for a prepared entry, with the toolkit's IDs (scanned off the lock).
-    async fn answer(&self, entry: PreparedClaim) -> Vec<PreparedDevice> {
-        let published = self.published().unwrap_or_default();
-        let (kind, dirs) = {
-            let inner = self.inner.lock().await;
-            (inner.cdi.kind.clone(), inner.cdi.toolkit_dirs.clone())
-        };
-        let own = format!("{}_", kind.file_stem());
+    /// Starts reading the NVIDIA toolkit's device names, off the runtime and the lock.
+    fn scan_toolkit(&self) -> Option<tokio::task::JoinHandle<Vec<String>>> {
+        let dirs = self.storage.cdi.toolkit_dirs.clone();
+        if dirs.is_empty() {
+            return None;
+        }
+        let own = format!("{}_", self.storage.cdi.kind.file_stem());
         let index = self.toolkit.clone();
-        let toolkit = if dirs.is_empty() {
-            Vec::new()
-        } else {
-            tokio::task::spawn_blocking(move || index.devices(&dirs, &own)).await.unwrap_or_default()
+        Some(tokio::task::spawn_blocking(move || index.devices(&dirs, &own)))
+    }
+
+    /// The answer for a prepared entry, with the toolkit's IDs from `toolkit`'s scan.
+    async fn answer(&self, entry: PreparedClaim, toolkit: Option<tokio::task::JoinHandle<Vec<String>>>) -> Vec<PreparedDevice> {
+        let published = self.published().unwrap_or_default();
+        let kind: &Kind = &self.storage.cdi.kind;
+        let toolkit = match toolkit {
+            Some(scan) => scan.await.unwrap_or_default(),
+            None => Vec::new(),
         };
         let names = cdi_device_names(&entry.claim, &entry.devices);
         entry

@@ -67,6 +67,15 @@ impl Node {
         self.root.path().join("checkpoint")
     }
 
+    /// Every file in the CDI and checkpoint directories, temp files included.
+    fn files(&self) -> Vec<String> {
+        [self.root.path().join("cdi"), self.checkpoint_dir()]
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flat_map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect()
+    }
+
     async fn state_with(&self, claims: ClaimSource, config: SharingConfig, options: StateOptions) -> State {
         let source = Arc::new(MockSource::new("n1", parse_spec("2xTesla T4:15Gi").unwrap()));
         let storage = Storage { checkpoint: Checkpoint::new(self.checkpoint_dir()), cdi: self.cdi(), specs: self.specs() };
@@ -182,6 +191,7 @@ spec:
     assert_eq!(state.prepared_count().await, 0);
     assert!(node.specs().list_owned().unwrap().is_empty());
     assert!(!node.cdi().claims_root.join(uid(1)).exists());
+    assert_eq!(node.files(), Vec::<String>::new(), "the files written while the pod was read are gone");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,6 +312,8 @@ async fn a_failed_write_leaves_no_directory_record_or_share() {
     assert!(!node.cdi().claims_root.join(uid(1)).exists());
     assert!(!node.checkpoint_dir().join(format!("{}.json", uid(1))).exists());
     assert!(state.snapshot().await.usage.values().all(|u| u.values().all(|q| q.is_zero())));
+    let name = target.file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(node.files(), vec![name], "only the directory in the spec's way is left");
     std::fs::remove_dir(&target).unwrap();
     state.prepare(&cref("c1", 1)).await.unwrap();
 }
