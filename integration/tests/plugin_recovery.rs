@@ -7,41 +7,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DRIVER, Dirs, NODE, claim_response, claim_with, driver, driver_with, kubelet};
+use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, claim_response, claim_with, driver, driver_with, kubelet, wait_dead};
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, ManagedProcess};
+use vgpu_dra_integration::ControlPlane;
 
 fn ok(reply: &Value, uid: &str) -> bool {
     reply.get("error").is_none() && claim_response(reply, uid).get("error").is_none_or(|e| e.as_str() == Some(""))
-}
-
-fn specs_for(dirs: &Dirs, uid: &str) -> usize {
-    std::fs::read_dir(&dirs.cdi)
-        .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().contains(uid)).count())
-}
-
-fn checkpointed(dirs: &Dirs) -> Vec<String> {
-    dirs.checkpointed()
-}
-
-/// Hidden files (the temp files of a write not yet renamed) in the CDI and checkpoint dirs.
-fn temp_files(dirs: &Dirs) -> Vec<String> {
-    [dirs.cdi.clone(), dirs.checkpoint()]
-        .iter()
-        .filter_map(|dir| std::fs::read_dir(dir).ok())
-        .flat_map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()))
-        .filter(|n| n.starts_with('.'))
-        .collect()
-}
-
-fn wait_dead(p: &mut ManagedProcess) {
-    for _ in 0..100 {
-        if p.check_running().is_err() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("the driver did not die at its fail point");
 }
 
 #[test]
@@ -59,7 +30,7 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
     let uid = kubectl.run(&["get", "resourceclaim", "c1", "-o", "jsonpath={.metadata.uid}"]).unwrap();
     let claim = [("default", "c1", uid.as_str())];
 
-    for point in ["prepare-staged", "prepare-admitted", "prepare-checkpointed", "prepare-spec-written"] {
+    for point in PREPARE_FAIL_POINTS {
         let mut dying = driver_with(&plane, &dirs, &format!("driver-{point}"), &[&format!("--fail-point={point}")]);
         let mut k = kubelet(&dirs);
         let reply = k.prepare(&claim).unwrap();
@@ -67,21 +38,21 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
         wait_dead(&mut dying);
         drop(k);
         if point == "prepare-staged" {
-            assert_eq!(temp_files(&dirs).len(), 2, "{point}: the record and the spec are written unseen");
-            assert_eq!(specs_for(&dirs, &uid), 0, "{point}");
-            assert!(checkpointed(&dirs).is_empty(), "{point}");
+            assert_eq!(dirs.temp_files().len(), 2, "{point}: the record and the spec are written unseen");
+            assert_eq!(dirs.specs_for(&uid), 0, "{point}");
+            assert!(dirs.checkpointed().is_empty(), "{point}");
         }
         // The kubelet retries the prepare against the restarted plugin.
         let mut drv = driver(&plane, &dirs, &format!("driver-after-{point}"));
         let mut k = kubelet(&dirs);
         let reply = k.prepare(&claim).unwrap();
         assert!(ok(&reply, &uid), "{point}: {reply}");
-        assert_eq!(specs_for(&dirs, &uid), 1, "{point}");
-        assert_eq!(checkpointed(&dirs), std::slice::from_ref(&uid), "{point}");
-        assert_eq!(temp_files(&dirs), Vec::<String>::new(), "{point}: a crash's temp files are removed at start");
+        assert_eq!(dirs.specs_for(&uid), 1, "{point}");
+        assert_eq!(dirs.checkpointed(), std::slice::from_ref(&uid), "{point}");
+        assert_eq!(dirs.temp_files(), Vec::<String>::new(), "{point}: a crash's temp files are removed at start");
         // Back to unprepared for the next round.
         assert!(ok(&k.unprepare(&claim).unwrap(), &uid));
-        assert_eq!(specs_for(&dirs, &uid), 0, "{point}");
+        assert_eq!(dirs.specs_for(&uid), 0, "{point}");
         drv.stop();
     }
 
@@ -100,9 +71,9 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
         let mut drv = driver(&plane, &dirs, &format!("driver-after-{point}"));
         let mut k = kubelet(&dirs);
         // Restart alone already leaves no spec of a claim the checkpoint no longer holds.
-        assert_eq!(specs_for(&dirs, &uid), 0, "{point}: leaked spec");
+        assert_eq!(dirs.specs_for(&uid), 0, "{point}: leaked spec");
         assert!(ok(&k.unprepare(&claim).unwrap(), &uid), "{point}");
-        assert!(checkpointed(&dirs).is_empty(), "{point}");
+        assert!(dirs.checkpointed().is_empty(), "{point}");
         // The ledger released the share: the whole card can be prepared again.
         assert!(ok(&k.prepare(&claim).unwrap(), &uid), "{point}");
         assert!(ok(&k.unprepare(&claim).unwrap(), &uid), "{point}");
@@ -159,5 +130,5 @@ fn a_hundred_concurrent_prepares_never_overcommit_a_card() {
     // 100 cores and 10 shares: exactly ten 10-core shares fit.
     assert_eq!(admitted, 10, "{reply}");
     assert!(refused.iter().all(|e| e.contains("device hami-gpu-0") && e.contains("free")), "{refused:?}");
-    assert_eq!(checkpointed(&dirs).len(), 10);
+    assert_eq!(dirs.checkpointed().len(), 10);
 }

@@ -24,17 +24,18 @@ use vgpu_dra_integration::{ControlPlane, Kubectl, KubeletSim, ManagedProcess, ev
 mod common;
 
 use common::webhook::{self, DEVICE_CLASS};
-use common::{DRIVER, Dirs, NODE, cdi_check, claim_response, kubelet};
+use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, cdi_check, claim_response, kubelet, wait_dead};
 
 /// Source document 000's card.
 const RTX_3060: &str = "--mock-gpus=1xNVIDIA GeForce RTX 3060:12Gi";
 
-/// The driver for `NODE` with one 12 GiB RTX 3060.
-fn rtx_3060_driver(plane: &ControlPlane, dirs: &Dirs) -> ManagedProcess {
+/// The driver for `NODE` with one 12 GiB RTX 3060, named `name`, with `extra` arguments.
+fn rtx_3060_driver(plane: &ControlPlane, dirs: &Dirs, name: &str, extra: &[&str]) -> ManagedProcess {
     let mut args: Vec<String> = dirs.args().into_iter().filter(|a| !a.starts_with("--mock-gpus")).collect();
     args.push(RTX_3060.to_owned());
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    start_driver(plane, "driver", NODE, &refs).unwrap()
+    start_driver(plane, name, NODE, &refs).unwrap()
 }
 
 /// The PodGroup Volcano's controller made for Job `job`.
@@ -266,7 +267,7 @@ fn volcano_binds_gangs_and_allocates_claims() {
     plane.create_node(NODE).unwrap();
     kubectl.apply(DEVICE_CLASS).unwrap();
     let dirs = Dirs::new(plane.dir());
-    let mut drv = rtx_3060_driver(&plane, &dirs);
+    let mut drv = rtx_3060_driver(&plane, &dirs, "driver", &[]);
     let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
 
     // The gang: one PodGroup of minMember 2 in the default queue, both pods bound by vc-scheduler.
@@ -486,12 +487,104 @@ fn source_document_000_volcano_gang_and_queue_on_one_shared_card() {
     plane.create_node(NODE).unwrap();
     kubectl.apply(DEVICE_CLASS).unwrap();
     let dirs = Dirs::new(plane.dir());
-    let mut drv = rtx_3060_driver(&plane, &dirs);
+    let mut drv = rtx_3060_driver(&plane, &dirs, "driver", &[]);
     let mut kubelet = kubelet(&dirs);
     let mut webhook = start_vgpu_webhook(&plane).unwrap();
     let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
     kubectl.run(&["create", "namespace", DEMO]).unwrap();
     seed_steps(&mut plane, &mut volcano, &mut kubelet, &dirs).unwrap();
+    webhook.check_running().unwrap();
+    drv.check_running().unwrap();
+}
+
+/// A claim allocated by hand (no scheduler) a share of `memory` of the card: it asks what the
+/// node's ledger must refuse while both workers of a gang of 2 x 3000 MiB are counted.
+fn probe_claim(memory: &str) -> (String, String) {
+    let claim = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: probe, namespace: {DEMO}}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n"
+    );
+    let status = format!(
+        "{claim}status:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: 00000001-0000-4000-8000-000000000000, consumedCapacity: {{memory: {memory}, cores: \"10\", shares: \"1\"}}}}\n"
+    );
+    (claim, status)
+}
+
+/// Item 3 of the Volcano issue: Volcano binds 000's gang of 2 x 3000 MiB as a whole, and on the
+/// node the gang stays whole whatever moment of a prepare the driver is killed at (each of its
+/// fail points, SIGKILL). The first worker is prepared, the driver dies preparing the second;
+/// after the restart, before the kubelet retries, the first is prepared (record and spec) and the
+/// second is whole or absent: a record with its spec or neither, no temp file. After the retry both
+/// run with 000's limits and the card's ledger counts both: a hand-allocated 6500 MiB claim, which
+/// fits beside one worker (12 GiB card), is refused.
+#[test]
+#[ignore = "needs Volcano v1.15.1, which the Go module proxy cannot build (volcano.sh/apis v1.15.1 not served): set VOLCANO_APIS_DIR and run with --ignored; see docs/volcano.md"]
+fn a_gang_stays_whole_on_the_node_when_the_driver_dies_preparing_it() {
+    let plane = ControlPlane::start().expect("control plane");
+    let kubectl = plane.kubectl().clone();
+    plane.create_node(NODE).unwrap();
+    kubectl.apply(DEVICE_CLASS).unwrap();
+    let dirs = Dirs::new(plane.dir());
+    let mut drv = rtx_3060_driver(&plane, &dirs, "driver", &[]);
+    let mut webhook = start_vgpu_webhook(&plane).unwrap();
+    let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
+    kubectl.run(&["create", "namespace", DEMO]).unwrap();
+    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_GANG)).unwrap();
+    let job = (DEMO, "vcjob-vgpu-gang");
+    let pods = wait_bound(&mut volcano, &kubectl, job, 2).unwrap();
+    let workers: Vec<(String, String)> = pods
+        .iter()
+        .map(|pod| {
+            let claim = claim_name_of(&kubectl, pod).unwrap();
+            assert_consumed(&wait_allocated(&mut volcano, &kubectl, DEMO, &claim).unwrap(), 3000, "30");
+            let uid = kubectl.run(&["get", "resourceclaim", &claim, "-n", DEMO, "-o", "jsonpath={.metadata.uid}"]).unwrap();
+            (claim, uid)
+        })
+        .collect();
+    let (probe, probe_status) = probe_claim("6500Mi");
+    kubectl.run_with_input(&["create", "-f", "-"], Some(&probe)).unwrap();
+    kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&probe_status)).unwrap();
+    let probe_uid = kubectl.run(&["get", "resourceclaim", "probe", "-n", DEMO, "-o", "jsonpath={.metadata.uid}"]).unwrap();
+    let limits = ["CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "CUDA_DEVICE_SM_LIMIT=30"];
+    let [(first, first_uid), (second, second_uid)] = &workers[..] else { panic!("two workers: {workers:?}") };
+
+    for point in PREPARE_FAIL_POINTS {
+        let mut k = kubelet(&dirs);
+        prepare(&mut k, &kubectl, &dirs, DEMO, first, &limits).unwrap();
+        drop(k);
+        drv.stop();
+        let mut dying = rtx_3060_driver(&plane, &dirs, &format!("driver-{point}"), &[&format!("--fail-point={point}")]);
+        let mut k = kubelet(&dirs);
+        let reply = k.prepare(&[(DEMO, second.as_str(), second_uid.as_str())]).unwrap();
+        let r = claim_response(&reply, second_uid);
+        assert!(
+            reply.get("error").is_some() || r.get("error").is_some_and(|e| e != ""),
+            "{point}: the driver should have died: {reply}"
+        );
+        wait_dead(&mut dying);
+        drop(k);
+
+        drv = rtx_3060_driver(&plane, &dirs, &format!("driver-after-{point}"), &[]);
+        let mut k = kubelet(&dirs);
+        let recorded = dirs.checkpointed();
+        assert!(recorded.contains(first_uid) && dirs.specs_for(first_uid) == 1, "{point}: the first worker lost: {recorded:?}");
+        let second_recorded = recorded.contains(second_uid);
+        assert_eq!(dirs.specs_for(second_uid), usize::from(second_recorded), "{point}: the second worker half-prepared");
+        assert_eq!(dirs.temp_files(), Vec::<String>::new(), "{point}");
+
+        // The kubelet retries the prepare it got no answer for, and repeats the other.
+        prepare(&mut k, &kubectl, &dirs, DEMO, second, &limits).unwrap();
+        prepare(&mut k, &kubectl, &dirs, DEMO, first, &limits).unwrap();
+        let reply = k.prepare(&[(DEMO, "probe", probe_uid.as_str())]).unwrap();
+        let error = claim_response(&reply, &probe_uid)["error"].as_str().unwrap_or_default().to_owned();
+        assert!(error.contains("memory requested 6500Mi"), "{point}: both workers must count on the card: {reply}");
+
+        for (claim, uid) in &workers {
+            k.unprepare(&[(DEMO, claim.as_str(), uid.as_str())]).unwrap();
+        }
+        assert!(dirs.checkpointed().is_empty(), "{point}");
+        assert_eq!(dirs.specs_for(first_uid) + dirs.specs_for(second_uid), 0, "{point}");
+    }
+    volcano.check_running().unwrap();
     webhook.check_running().unwrap();
     drv.check_running().unwrap();
 }

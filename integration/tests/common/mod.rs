@@ -41,6 +41,22 @@ impl Dirs {
         self.kubelet.join("plugins").join(DRIVER).join("checkpoint")
     }
 
+    /// How many CDI spec files name claim `uid`.
+    pub fn specs_for(&self, uid: &str) -> usize {
+        std::fs::read_dir(&self.cdi)
+            .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().contains(uid)).count())
+    }
+
+    /// Hidden files (the temp files of a write not yet renamed) in the CDI and checkpoint dirs.
+    pub fn temp_files(&self) -> Vec<String> {
+        [self.cdi.clone(), self.checkpoint()]
+            .iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flat_map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()))
+            .filter(|n| n.starts_with('.'))
+            .collect()
+    }
+
     /// The UIDs with a checkpoint record.
     pub fn checkpointed(&self) -> Vec<String> {
         let mut uids: Vec<String> = std::fs::read_dir(self.checkpoint())
@@ -53,6 +69,20 @@ impl Dirs {
         uids.sort();
         uids
     }
+}
+
+/// The driver's `--fail-point`s inside a prepare, in the order a prepare passes them.
+pub const PREPARE_FAIL_POINTS: [&str; 4] = ["prepare-staged", "prepare-admitted", "prepare-checkpointed", "prepare-spec-written"];
+
+/// Waits for a driver started with `--fail-point` to have killed itself there.
+pub fn wait_dead(p: &mut ManagedProcess) {
+    for _ in 0..100 {
+        if p.check_running().is_err() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the driver did not die at its fail point");
 }
 
 pub fn driver(plane: &ControlPlane, dirs: &Dirs, name: &str) -> ManagedProcess {
