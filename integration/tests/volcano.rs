@@ -23,6 +23,7 @@ use vgpu_dra_integration::{ControlPlane, Kubectl, KubeletSim, ManagedProcess, ev
 
 mod common;
 
+use common::seed_000::{self, DEMO};
 use common::webhook::{self, DEVICE_CLASS};
 use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, cdi_check, claim_response, kubelet, wait_dead};
 
@@ -294,178 +295,6 @@ fn volcano_binds_gangs_and_allocates_claims() {
     drv.check_running().unwrap();
 }
 
-/// Source document 000's single pod, unchanged.
-const SEED_SINGLE: &str = r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: volcano-vgpu-single
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  restartPolicy: Never
-  containers:
-  - name: cuda
-    image: nvidia/cuda:11.0.3-base-ubuntu18.04
-    imagePullPolicy: IfNotPresent
-    command:
-    - bash
-    - -lc
-    - |
-      echo "===== GPU ENV ====="
-      env | grep -E 'CUDA_DEVICE|NVIDIA_VISIBLE_DEVICES|VGPU|VOLCANO' || true
-      echo "===== NVIDIA SMI ====="
-      nvidia-smi
-      sleep 3600
-    resources:
-      limits:
-        volcano.sh/vgpu-number: 1
-        volcano.sh/vgpu-memory: 2000
-        volcano.sh/vgpu-cores: 30
-"#;
-
-/// Source document 000's gang of two workers, unchanged (its command shortened).
-const SEED_GANG: &str = r#"apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: vcjob-vgpu-gang
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  queue: default
-  minAvailable: 2
-  maxRetry: 1
-  tasks:
-  - name: vgpu-worker
-    replicas: 2
-    template:
-      spec:
-        restartPolicy: Never
-        containers:
-        - name: cuda
-          image: nvidia/cuda:11.0.3-base-ubuntu18.04
-          imagePullPolicy: IfNotPresent
-          command:
-          - bash
-          - -lc
-          - |
-            echo "worker: $(hostname)"
-            nvidia-smi
-            sleep 3600
-          resources:
-            limits:
-              volcano.sh/vgpu-number: 1
-              volcano.sh/vgpu-memory: 3000
-              volcano.sh/vgpu-cores: 30
-"#;
-
-/// Source document 000's gang of two 9000 MiB workers, unchanged.
-const SEED_GANG_INSUFFICIENT: &str = r#"apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: vcjob-vgpu-gang-insufficient
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  queue: default
-  minAvailable: 2
-  maxRetry: 1
-  tasks:
-  - name: vgpu-worker
-    replicas: 2
-    template:
-      spec:
-        restartPolicy: Never
-        containers:
-        - name: cuda
-          image: nvidia/cuda:11.0.3-base-ubuntu18.04
-          imagePullPolicy: IfNotPresent
-          command: ["bash", "-lc", "nvidia-smi; sleep 3600"]
-          resources:
-            limits:
-              volcano.sh/vgpu-number: 1
-              volcano.sh/vgpu-memory: 9000
-              volcano.sh/vgpu-cores: 30
-"#;
-
-/// Source document 000's queue, its vGPU capability written in Volcano's DRA keys for the
-/// vgpu-dra DeviceClass: `volcano.sh/vgpu-number: "2"` is the count of devices the queue's claims
-/// may hold (`deviceclass/<class>`; every claim of the webhook holds one device of the card, one
-/// share), `volcano.sh/vgpu-memory: "6000"` (MiB) is `memory.deviceclass/<class>: 6000Mi`, and
-/// `volcano.sh/vgpu-cores: "60"` is `cores.deviceclass/<class>: "60"`; cpu and memory unchanged.
-const SEED_QUEUE: &str = r#"apiVersion: scheduling.volcano.sh/v1beta1
-kind: Queue
-metadata:
-  name: gpu-small-queue
-spec:
-  weight: 1
-  reclaimable: false
-  capability:
-    cpu: "2"
-    memory: "4Gi"
-    deviceclass/hami-core-gpu.project-hami.io: "2"
-    memory.deviceclass/hami-core-gpu.project-hami.io: "6000Mi"
-    cores.deviceclass/hami-core-gpu.project-hami.io: "60"
-"#;
-
-/// Source document 000's Job within the queue's capability, unchanged.
-const SEED_QUEUE_FIT: &str = r#"apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: vcjob-vgpu-queue-fit
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  queue: gpu-small-queue
-  minAvailable: 2
-  tasks:
-  - name: vgpu-worker
-    replicas: 2
-    policies:
-    - event: TaskCompleted
-      action: CompleteJob
-    template:
-      spec:
-        restartPolicy: Never
-        containers:
-        - name: cuda
-          image: nvidia/cuda:11.0.3-base-ubuntu18.04
-          command: ["bash", "-lc", "nvidia-smi; sleep 60"]
-          resources:
-            limits:
-              volcano.sh/vgpu-number: 1
-              volcano.sh/vgpu-memory: 3000
-              volcano.sh/vgpu-cores: 30
-"#;
-
-/// Source document 000's Job over the queue's capability, unchanged.
-const SEED_QUEUE_EXCEEDS: &str = r#"apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: vcjob-vgpu-queue-exceeds
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  queue: gpu-small-queue
-  minAvailable: 2
-  tasks:
-  - name: vgpu-worker
-    replicas: 2
-    template:
-      spec:
-        restartPolicy: Never
-        containers:
-        - name: cuda
-          image: nvidia/cuda:11.0.3-base-ubuntu18.04
-          command: ["bash", "-lc", "nvidia-smi; sleep 60"]
-          resources:
-            limits:
-              volcano.sh/vgpu-number: 1
-              volcano.sh/vgpu-memory: 4500
-              volcano.sh/vgpu-cores: 30
-"#;
-
-const DEMO: &str = "volcano-demo";
-
 /// The vgpu-dra webhook with source document 001's device configuration (Volcano's resource
 /// names), once the API server calls it.
 fn start_vgpu_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
@@ -528,7 +357,7 @@ fn a_gang_stays_whole_on_the_node_when_the_driver_dies_preparing_it() {
     let mut webhook = start_vgpu_webhook(&plane).unwrap();
     let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
     kubectl.run(&["create", "namespace", DEMO]).unwrap();
-    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_GANG)).unwrap();
+    kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::GANG)).unwrap();
     let job = (DEMO, "vcjob-vgpu-gang");
     let pods = wait_bound(&mut volcano, &kubectl, job, 2).unwrap();
     let workers: Vec<(String, String)> = pods
@@ -627,7 +456,7 @@ fn seed_steps(plane: &mut ControlPlane, volcano: &mut Volcano, kubelet: &mut Kub
     // (a) The single pod: converted (with the webhook's cpu), put in a PodGroup of its own by
     // Volcano, its claim allocated by vc-scheduler (2000 MiB / 30 cores of the card), bound, and
     // prepared with the limits of 000.
-    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_SINGLE))?;
+    kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::SINGLE))?;
     let pod = eventually("the single pod bound", Duration::from_secs(90), || {
         volcano.check_running()?;
         let pod = kubectl.get_json(&["pod", "volcano-vgpu-single", "-n", DEMO])?;
@@ -650,7 +479,7 @@ fn seed_steps(plane: &mut ControlPlane, volcano: &mut Volcano, kubelet: &mut Kub
 
     // (b) The gang of 2 x 3000 MiB / 30: both workers bound to the one card, both claims allocated
     // on it, the PodGroup running, and each worker prepared with 3000m / 30.
-    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_GANG))?;
+    kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::GANG))?;
     let job = (DEMO, "vcjob-vgpu-gang");
     let prepared = run_gang(volcano, kubelet, &kubectl, dirs, job, 3000, &limits_3000)?;
     assert_cpu_request(&pods_of(&kubectl, DEMO, job.1)?, WEBHOOK_CPU);
@@ -659,7 +488,7 @@ fn seed_steps(plane: &mut ControlPlane, volcano: &mut Volcano, kubelet: &mut Kub
     // (c) The gang of 2 x 9000 MiB: held whole as in 000. The card could take one worker, but
     // neither is bound and no claim is allocated; Volcano gives 000's reason (adding the origin
     // of it) on the PodGroup and, as a PodGroupPending event, on the Job.
-    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_GANG_INSUFFICIENT))?;
+    kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::GANG_INSUFFICIENT))?;
     let name = "vcjob-vgpu-gang-insufficient";
     let job = (DEMO, name);
     let (pg, message) = wait_unschedulable(volcano, &kubectl, DEMO, name)?;
@@ -678,19 +507,19 @@ fn seed_steps(plane: &mut ControlPlane, volcano: &mut Volcano, kubelet: &mut Kub
     // (d) 000's queue, capped at 2 shares / 6000 MiB / 60 cores in Volcano's DRA keys: the
     // 2 x 3000 MiB gang is admitted and runs, counted against the queue as in 000 (2 devices,
     // 6000 MiB, 60 cores)...
-    kubectl.apply(SEED_QUEUE)?;
+    kubectl.apply(seed_000::QUEUE)?;
     eventually("gpu-small-queue open", Duration::from_secs(60), || {
         let queue = kubectl.get_json(&["queues.scheduling.volcano.sh", "gpu-small-queue"])?;
         Ok((queue["status"]["state"] == "Open").then_some(()))
     })?;
-    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_QUEUE_FIT))?;
+    kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::QUEUE_FIT))?;
     let job = (DEMO, "vcjob-vgpu-queue-fit");
     let prepared = run_gang(volcano, kubelet, &kubectl, dirs, job, 3000, &limits_3000)?;
     wait_queue_allocated(&kubectl, "2", 6000, "60")?;
     delete_job(&kubectl, kubelet, job, &prepared)?;
     // ...and the 2 x 4500 MiB gang is held by the queue although the card alone (12 GiB, 100
     // cores) would take both workers, with 000's reason.
-    kubectl.run_with_input(&["create", "-f", "-"], Some(SEED_QUEUE_EXCEEDS))?;
+    kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::QUEUE_EXCEEDS))?;
     let name = "vcjob-vgpu-queue-exceeds";
     let job = (DEMO, name);
     let (pg, message) = wait_unschedulable(volcano, &kubectl, DEMO, name)?;
@@ -707,8 +536,8 @@ fn seed_steps(plane: &mut ControlPlane, volcano: &mut Volcano, kubelet: &mut Kub
     // The queue's other two caps hold gangs as well: 2 x 3000 MiB / 40 cores (80 of 60 cores),
     // here with a cpu request of the Job's own, which the webhook leaves as written; and
     // 3 x 1000 MiB / 10 cores (3 of 2 devices, that is shares).
-    let cores = with_cpu_request(SEED_QUEUE_FIT, "vcjob-vgpu-queue-cores").replace("vgpu-cores: 30", "vgpu-cores: 40");
-    let shares = SEED_QUEUE_FIT
+    let cores = with_cpu_request(seed_000::QUEUE_FIT, "vcjob-vgpu-queue-cores").replace("vgpu-cores: 30", "vgpu-cores: 40");
+    let shares = seed_000::QUEUE_FIT
         .replace("name: vcjob-vgpu-queue-fit", "name: vcjob-vgpu-queue-shares")
         .replace("minAvailable: 2", "minAvailable: 3")
         .replace("replicas: 2", "replicas: 3")
@@ -821,7 +650,14 @@ fn the_docs_show_what_these_tests_run() {
     let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/volcano.md");
     let text = std::fs::read_to_string(&page).unwrap();
     let shown = fenced_blocks(&text, "yaml volcano");
-    let run = [SEED_QUEUE, SEED_SINGLE, SEED_GANG, SEED_GANG_INSUFFICIENT, SEED_QUEUE_FIT, SEED_QUEUE_EXCEEDS];
+    let run = [
+        seed_000::QUEUE,
+        seed_000::SINGLE,
+        seed_000::GANG,
+        seed_000::GANG_INSUFFICIENT,
+        seed_000::QUEUE_FIT,
+        seed_000::QUEUE_EXCEEDS,
+    ];
     assert_eq!(shown, run, "the `yaml volcano` blocks of {} and the objects this test runs differ", page.display());
     let conf = fenced_blocks(&text, "yaml volcano-scheduler-conf");
     assert_eq!(conf, [vgpu_dra_integration::volcano::DRA_SCHEDULER_CONF], "{}", page.display());

@@ -13,6 +13,7 @@ use vgpu_dra_integration::{ControlPlane, ManagedProcess, eventually, free_port};
 
 mod common;
 
+use common::seed_000;
 use common::webhook::{self, DEVICE_CLASS};
 use common::{Dirs, NODE, cdi_check, claim_response, driver, kubelet};
 
@@ -207,70 +208,6 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The single pod of source document 000, unchanged (Volcano's resource names; Volcano's own
-/// scheduler would place it, so here it is only converted, not scheduled).
-const VOLCANO_SINGLE: &str = r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: volcano-vgpu-single
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  restartPolicy: Never
-  containers:
-  - name: cuda
-    image: nvidia/cuda:11.0.3-base-ubuntu18.04
-    imagePullPolicy: IfNotPresent
-    command:
-    - bash
-    - -lc
-    - |
-      env | grep -E 'CUDA_DEVICE|NVIDIA_VISIBLE_DEVICES|VGPU|VOLCANO' || true
-      nvidia-smi
-      sleep 3600
-    resources:
-      limits:
-        volcano.sh/vgpu-number: 1
-        volcano.sh/vgpu-memory: 2000
-        volcano.sh/vgpu-cores: 30
-"#;
-
-/// Source document 000's two-worker gang, unchanged: a Volcano Job whose task template asks
-/// Volcano's vGPU resources.
-const VOLCANO_GANG: &str = r#"apiVersion: batch.volcano.sh/v1alpha1
-kind: Job
-metadata:
-  name: vcjob-vgpu-gang
-  namespace: volcano-demo
-spec:
-  schedulerName: volcano
-  queue: default
-  minAvailable: 2
-  maxRetry: 1
-  tasks:
-  - name: vgpu-worker
-    replicas: 2
-    template:
-      spec:
-        restartPolicy: Never
-        containers:
-        - name: cuda
-          image: nvidia/cuda:11.0.3-base-ubuntu18.04
-          imagePullPolicy: IfNotPresent
-          command:
-          - bash
-          - -lc
-          - |
-            echo "worker: $(hostname)"
-            nvidia-smi
-            sleep 3600
-          resources:
-            limits:
-              volcano.sh/vgpu-number: 1
-              volcano.sh/vgpu-memory: 3000
-              volcano.sh/vgpu-cores: 30
-"#;
-
 /// Volcano's Job CRD, from the Volcano release the test bed pins.
 fn install_volcano_job_crd(plane: &ControlPlane) {
     let crd = plane.components().volcano_crds.join("batch.volcano.sh_jobs.yaml");
@@ -299,8 +236,8 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     let mut webhook =
         start_webhook_with(&plane, "webhook", port, port, free_port().unwrap(), &[format!("--config={}", config.display())])
             .unwrap();
-    webhook::wait_called(&plane, &mut webhook, VOLCANO_SINGLE).unwrap();
-    kubectl.run_with_input(&["apply", "-f", "-"], Some(VOLCANO_SINGLE)).unwrap();
+    webhook::wait_called(&plane, &mut webhook, seed_000::SINGLE).unwrap();
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(seed_000::SINGLE)).unwrap();
     let pod = kubectl.get_json(&["pod", "volcano-vgpu-single", "-n", "volcano-demo"]).unwrap();
     let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
     assert!(limits.get("volcano.sh/vgpu-memory").is_none(), "{pod:#}");
@@ -320,14 +257,14 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     assert_eq!(requests["cores"], "30", "{claim:#}");
     // 50 pods of one shape: one template.
     let many: String = (0..50)
-        .map(|i| VOLCANO_SINGLE.replace("name: volcano-vgpu-single", &format!("name: same-shape-{i}")) + "---\n")
+        .map(|i| seed_000::SINGLE.replace("name: volcano-vgpu-single", &format!("name: same-shape-{i}")) + "---\n")
         .collect();
     kubectl.run_with_input(&["apply", "-f", "-"], Some(&many)).unwrap();
     let list = kubectl.get_json(&["resourceclaimtemplates", "-n", "volcano-demo"]).unwrap();
     assert_eq!(list["items"].as_array().map_or(0, Vec::len), 1, "{list:#}");
 
     // The gang Job of 000: its task template references a template of 3000 MiB / 30 cores.
-    kubectl.run_with_input(&["apply", "-f", "-"], Some(VOLCANO_GANG)).unwrap();
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(seed_000::GANG)).unwrap();
     let job = kubectl.get_json(&["jobs.batch.volcano.sh", "vcjob-vgpu-gang", "-n", "volcano-demo"]).unwrap();
     let spec = &job["spec"]["tasks"][0]["template"]["spec"];
     let container = &spec["containers"][0]["resources"];
@@ -346,7 +283,7 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
 
     // A Job that HAMi would refuse is refused naming the task, the container and the resource,
     // and nothing of it is stored.
-    let bad = VOLCANO_GANG.replace("vcjob-vgpu-gang", "vcjob-too-many-cores").replace("vgpu-cores: 30", "vgpu-cores: 130");
+    let bad = seed_000::GANG.replace("vcjob-vgpu-gang", "vcjob-too-many-cores").replace("vgpu-cores: 30", "vgpu-cores: 130");
     let err = kubectl.run_with_input(&["apply", "-f", "-"], Some(&bad)).expect_err("cores over 100").to_string();
     assert!(err.contains("task \"vgpu-worker\": container \"cuda\": volcano.sh/vgpu-cores: 130"), "{err}");
     assert!(kubectl.run(&["get", "jobs.batch.volcano.sh", "vcjob-too-many-cores", "-n", "volcano-demo"]).is_err());

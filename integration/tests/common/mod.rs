@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod chart;
+pub mod seed_000;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
