@@ -273,18 +273,7 @@ fn claim_and_pod(name: &str, memory: &str, cores: &str, user: Option<u32>) -> St
     let script = POD_SCRIPT.replace("DYNAMIC_PROGRAM", DYNAMIC_PROGRAM);
     let script = serde_json::to_string(&script).unwrap();
     format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata: {{name: {name}, namespace: default}}
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: {DRIVER}
-        capacity:
-          requests: {{memory: "{memory}", cores: "{cores}"}}
----
+        r#"{}---
 apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: default}}
@@ -302,7 +291,8 @@ spec:
     imagePullPolicy: Never
     command: ["/bin/sh", "-c", {script}]
     resources: {{claims: [{{name: gpu}}]}}
-"#
+"#,
+        common::claim_yaml(name, memory, cores)
     )
 }
 

@@ -122,9 +122,9 @@ spec:
     )
 }
 
-/// A claim asking `memory` and `cores` of one card through HAMi's DeviceClass, and a pod on
-/// `node` using it; for tests where the DeviceClass comes from elsewhere (the chart).
-pub fn claim_and_pod_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
+/// A claim `name` in `default` asking `memory` and `cores` of one card through HAMi's
+/// DeviceClass, as one YAML document.
+pub fn claim_yaml(name: &str, memory: &str, cores: &str) -> String {
     format!(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaim
@@ -137,7 +137,15 @@ spec:
         deviceClassName: {DRIVER}
         capacity:
           requests: {{memory: "{memory}", cores: "{cores}"}}
----
+"#
+    )
+}
+
+/// A claim asking `memory` and `cores` of one card through HAMi's DeviceClass, and a pod on
+/// `node` using it; for tests where the DeviceClass comes from elsewhere (the chart).
+pub fn claim_and_pod_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
+    format!(
+        r#"{}---
 apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: default}}
@@ -148,7 +156,8 @@ spec:
   - name: main
     image: registry.invalid/none
     resources: {{claims: [{{name: gpu}}]}}
-"#
+"#,
+        claim_yaml(name, memory, cores)
     )
 }
 
