@@ -56,8 +56,7 @@ impl State {
         // Start-up rewrites every missing or garbled spec from its record (below, and each
         // repeated prepare does too), so a spec needs no fsync of its own: the record's is enough.
         let storage = Storage { specs: storage.specs.with_durability(Durability::Rebuildable), ..storage };
-        let Storage { checkpoint, cdi, specs } = storage.clone();
-        let loaded = blocking(|| checkpoint.load())?;
+        let loaded = blocking(|| storage.checkpoint.load())?;
         for (e, aside) in &loaded.corrupt {
             tracing::error!(error = %chain(e), moved_to = ?aside, "checkpoint corrupt: record moved aside; the claim is re-adopted from its CDI spec and the API");
         }
@@ -71,9 +70,6 @@ impl State {
                 pending: BTreeMap::new(),
                 gone: BTreeMap::new(),
                 overcommitted: Vec::new(),
-                checkpoint,
-                specs,
-                cdi,
             }),
             claims,
             source,
@@ -114,11 +110,11 @@ impl State {
     /// else orphans of an interrupted unprepare (removed).
     async fn sweep_specs(&self, loaded: &super::checkpoint::Loaded, published: &[PublishedDevice]) {
         let scan = {
-            let inner = self.inner.lock().await;
-            if let Err(e) = blocking(|| inner.specs.remove_stale_temps()) {
+            let _held = self.inner.lock().await;
+            if let Err(e) = blocking(|| self.storage.specs.remove_stale_temps()) {
                 tracing::warn!(error = %chain(&e), "left-over CDI temp files not removed");
             }
-            blocking(|| inner.specs.scan())
+            blocking(|| self.storage.specs.scan())
         };
         let scan = match scan {
             Ok(s) => s,
@@ -141,8 +137,8 @@ impl State {
                 continue;
             }
             let read = {
-                let inner = self.inner.lock().await;
-                blocking(|| inner.specs.read(uid.as_str()))
+                let _held = self.inner.lock().await;
+                blocking(|| self.storage.specs.read(uid.as_str()))
             };
             let spec = read.ok().flatten();
             let Some(claim) = spec.as_ref().and_then(|s| claim_of(s, &uid)) else {
@@ -174,7 +170,10 @@ impl State {
             }
             Ok(Some(object)) => match devices_of(&object, claim, &self.config.driver_name, &self.node, published) {
                 Ok(devices) => {
-                    let spec = self.inner.lock().await.specs.read(claim.uid.as_str()).ok().flatten();
+                    let spec = {
+                        let _held = self.inner.lock().await;
+                        self.storage.specs.read(claim.uid.as_str()).ok().flatten()
+                    };
                     match spec {
                         Some(spec) => Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec })),
                         None => Verdict::Gone("its spec vanished".into()),
@@ -190,11 +189,11 @@ impl State {
     async fn adopt(&self, entry: PreparedClaim) {
         let mut inner = self.inner.lock().await;
         tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec and the API");
-        if let Err(e) = blocking(|| inner.checkpoint.record(&entry)) {
+        if let Err(e) = blocking(|| self.storage.checkpoint.record(&entry)) {
             tracing::error!(claim = %entry.claim, error = %chain(&e), "re-adopted claim not checkpointed; kept in memory");
         }
         let uid = entry.claim.uid.clone();
-        blocking(|| inner.checkpoint.clear_quarantine(&uid));
+        blocking(|| self.storage.checkpoint.clear_quarantine(&uid));
         inner.ledger.release_claim(&uid);
         for d in &entry.devices {
             if let Some(over) = inner.ledger.restore(d.key(&uid), d.consumption.clone()) {
@@ -207,13 +206,13 @@ impl State {
 
     /// Removes a claim's spec and directory (its record is already gone); failures are logged.
     async fn forget_on_disk(&self, uid: &Uid) {
-        let inner = self.inner.lock().await;
-        if let Err(e) = blocking(|| inner.specs.remove(uid.as_str())) {
+        let _held = self.inner.lock().await;
+        if let Err(e) = blocking(|| self.storage.specs.remove(uid.as_str())) {
             tracing::warn!(claim = %uid, error = %chain(&e), "CDI spec not removed");
         }
-        let dir = inner.cdi.claims_root.join(uid.as_str());
+        let dir = self.storage.cdi.claims_root.join(uid.as_str());
         let _ = blocking(|| std::fs::remove_dir_all(dir));
-        blocking(|| inner.checkpoint.clear_quarantine(uid));
+        blocking(|| self.storage.checkpoint.clear_quarantine(uid));
     }
 
     /// Every prepared share counts, fitting or not; cards past their capacity are reported.
@@ -272,7 +271,7 @@ impl State {
     pub(super) async fn repair_specs(&self) {
         let inner = self.inner.lock().await;
         for entry in inner.prepared.values() {
-            match inner.restore_spec(entry, self.options.host_dirs) {
+            match self.storage.restore_spec(entry, self.options.host_dirs) {
                 Ok(None) => {}
                 Ok(Some(was)) => tracing::info!(claim = %entry.claim, %was, "rewrote CDI spec of prepared claim"),
                 Err(e) => {

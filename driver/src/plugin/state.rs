@@ -212,8 +212,8 @@ pub struct State {
     pub(super) fail_at: Option<FailPoint>,
     pub(super) toolkit: Arc<ToolkitIndex>,
     pub(super) options: StateOptions,
-    /// The same places as the lock's: read outside it to stage files and scan the toolkit's
-    /// specs; what is visible there changes only under the lock.
+    /// Where files go. Fixed paths, so read without the lock (to stage files and scan the
+    /// toolkit's specs); what is visible there changes only while the lock is held.
     pub(super) storage: Storage,
 }
 
@@ -234,15 +234,14 @@ pub(super) struct Inner {
     /// Prepared claims the API says are gone, since when.
     pub gone: BTreeMap<Uid, Instant>,
     pub overcommitted: Vec<(DeviceName, String)>,
-    pub checkpoint: Checkpoint,
-    pub specs: SpecDir,
-    pub cdi: CdiOptions,
 }
 
-impl Inner {
+impl Storage {
     /// Makes a prepared claim's spec on disk equal to its record, and its directory exist: the
     /// spec is rewritten when missing, unreadable or changed (whatever sits under its name makes
     /// way). `None` when it was right; after a rewrite, what was wrong.
+    ///
+    /// Called with the state's lock held.
     ///
     /// # Errors
     /// When the directory or the spec cannot be written.
@@ -331,7 +330,7 @@ impl State {
 
     /// Writes `entry`'s checkpoint record and spec beside their final names, off the runtime.
     async fn stage(&self, entry: &PreparedClaim) -> Result<StagedClaim, PrepareError> {
-        let Storage { checkpoint, specs, .. } = self.storage.clone();
+        let (checkpoint, specs) = (self.storage.checkpoint.clone(), self.storage.specs.clone());
         let entry = entry.clone();
         let staging = tokio::task::spawn_blocking(move || {
             let record = checkpoint.stage(&entry)?;
@@ -349,7 +348,8 @@ impl State {
         published: &[PublishedDevice],
     ) -> Result<PreparedClaim, PrepareError> {
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, pending, checkpoint, specs, cdi, .. } = &mut *inner;
+        let Inner { ledger, prepared, pending, .. } = &mut *inner;
+        let Storage { checkpoint, specs, cdi } = &self.storage;
         let claim = &entry.claim;
         if let Some(existing) = prepared.get(&claim.uid) {
             // A concurrent prepare of the same claim got here first.
@@ -467,7 +467,7 @@ impl State {
     async fn prepared_entry(&self, claim: &ClaimRef) -> Result<Option<PreparedClaim>, PrepareError> {
         let inner = self.inner.lock().await;
         let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
-        if let Some(was) = inner.restore_spec(entry, self.options.host_dirs)? {
+        if let Some(was) = self.storage.restore_spec(entry, self.options.host_dirs)? {
             tracing::info!(claim = %claim, %was, "rewrote CDI spec of prepared claim (the CDI directory is tmpfs on most hosts)");
         }
         Ok(Some(entry.clone()))
@@ -525,7 +525,8 @@ impl State {
     /// When the checkpoint or spec cannot be written (the kubelet retries).
     pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, pending, gone, checkpoint, specs, cdi, .. } = &mut *inner;
+        let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
+        let Storage { checkpoint, specs, cdi } = &self.storage;
         if let Some(entry) = prepared.remove(uid) {
             if let Err(e) = blocking(|| checkpoint.forget(uid)) {
                 prepared.insert(uid.clone(), entry);
