@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, claim_response, claim_with, driver, driver_with, kubelet, wait_dead};
+use common::{
+    Dirs, NODE, PREPARE_FAIL_POINTS, claim_response, claim_with, driver, driver_with, hand_allocated_claim, kubelet, wait_dead,
+};
 use serde_json::Value;
 use vgpu_dra_integration::ControlPlane;
 
@@ -83,17 +85,13 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
 
 /// Claims with hand-written allocations (as a buggy or racing scheduler might write them) that
 /// together ask 10x what the card has.
-fn overcommitted_claims(n: usize) -> (String, String) {
+fn overcommitted_claims(n: u32) -> (String, String) {
     let mut claims = String::new();
     let mut statuses = String::new();
     for i in 0..n {
-        claims.push_str(&format!(
-            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: o{i}, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n---\n"
-        ));
-        statuses.push_str(&format!(
-            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: o{i}, namespace: default}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\nstatus:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: {:08x}-0000-4000-8000-000000000000, consumedCapacity: {{memory: 1Gi, cores: \"10\", shares: \"1\"}}}}\n---\n",
-            i + 1
-        ));
+        let (claim, status) = hand_allocated_claim("default", &format!("o{i}"), i + 1, "1Gi");
+        claims.push_str(&(claim + "---\n"));
+        statuses.push_str(&(status + "---\n"));
     }
     (claims, statuses)
 }

@@ -25,7 +25,7 @@ mod common;
 
 use common::seed_000::{self, DEMO};
 use common::webhook::{self, DEVICE_CLASS};
-use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, cdi_check, claim_response, kubelet, wait_dead};
+use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, cdi_check, claim_response, hand_allocated_claim, kubelet, wait_dead};
 
 /// Source document 000's card.
 const RTX_3060: &str = "--mock-gpus=1xNVIDIA GeForce RTX 3060:12Gi";
@@ -326,18 +326,6 @@ fn source_document_000_volcano_gang_and_queue_on_one_shared_card() {
     drv.check_running().unwrap();
 }
 
-/// A claim allocated by hand (no scheduler) a share of `memory` of the card: it asks what the
-/// node's ledger must refuse while both workers of a gang of 2 x 3000 MiB are counted.
-fn probe_claim(memory: &str) -> (String, String) {
-    let claim = format!(
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: probe, namespace: {DEMO}}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n"
-    );
-    let status = format!(
-        "{claim}status:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: 00000001-0000-4000-8000-000000000000, consumedCapacity: {{memory: {memory}, cores: \"10\", shares: \"1\"}}}}\n"
-    );
-    (claim, status)
-}
-
 /// Item 3 of the Volcano issue: Volcano binds 000's gang of 2 x 3000 MiB as a whole, and on the
 /// node the gang stays whole whatever moment of a prepare the driver is killed at (each of its
 /// fail points, SIGKILL). The first worker is prepared, the driver dies preparing the second;
@@ -369,7 +357,8 @@ fn a_gang_stays_whole_on_the_node_when_the_driver_dies_preparing_it() {
             (claim, uid)
         })
         .collect();
-    let (probe, probe_status) = probe_claim("6500Mi");
+    // Fits beside one worker of the 12 GiB card, not beside both.
+    let (probe, probe_status) = hand_allocated_claim(DEMO, "probe", 1, "6500Mi");
     kubectl.run_with_input(&["create", "-f", "-"], Some(&probe)).unwrap();
     kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&probe_status)).unwrap();
     let probe_uid = kubectl.run(&["get", "resourceclaim", "probe", "-n", DEMO, "-o", "jsonpath={.metadata.uid}"]).unwrap();

@@ -141,6 +141,20 @@ spec:
     )
 }
 
+/// A claim `namespace/name` allocated by hand, as a buggy or racing scheduler might write it (no
+/// scheduler involved): `hami-gpu-0` of `NODE`, share ID number `share`, `memory` and 10 cores. The
+/// claim to create and, as a second document, the same with its status (for `kubectl replace
+/// --subresource=status`).
+pub fn hand_allocated_claim(namespace: &str, name: &str, share: u32, memory: &str) -> (String, String) {
+    let claim = format!(
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n"
+    );
+    let status = format!(
+        "{claim}status:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: {share:08x}-0000-4000-8000-000000000000, consumedCapacity: {{memory: {memory}, cores: \"10\", shares: \"1\"}}}}\n"
+    );
+    (claim, status)
+}
+
 /// A claim asking `memory` and `cores` of one card through HAMi's DeviceClass, and a pod on
 /// `node` using it; for tests where the DeviceClass comes from elsewhere (the chart).
 pub fn claim_and_pod_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
