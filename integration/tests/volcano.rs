@@ -39,6 +39,36 @@ fn rtx_3060_driver(plane: &ControlPlane, dirs: &Dirs, name: &str, extra: &[&str]
     start_driver(plane, name, NODE, &refs).unwrap()
 }
 
+/// What every test here runs on: a control plane with `NODE` and HAMi's DeviceClass, the driver
+/// with 000's card, Volcano, and, for 000's workloads, the vgpu-dra webhook and 000's namespace.
+/// Fields in this order so that the control plane is the last to go.
+struct Bed {
+    plane: ControlPlane,
+    kubectl: Kubectl,
+    dirs: Dirs,
+    driver: ManagedProcess,
+    webhook: Option<ManagedProcess>,
+    volcano: Volcano,
+}
+
+impl Bed {
+    /// Starts it; `seed` adds the webhook and 000's namespace.
+    fn start(seed: bool) -> Self {
+        let plane = ControlPlane::start().expect("control plane");
+        let kubectl = plane.kubectl().clone();
+        plane.create_node(NODE).unwrap();
+        kubectl.apply(DEVICE_CLASS).unwrap();
+        let dirs = Dirs::new(plane.dir());
+        let driver = rtx_3060_driver(&plane, &dirs, "driver", &[]);
+        let webhook = seed.then(|| start_vgpu_webhook(&plane).unwrap());
+        let volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
+        if seed {
+            kubectl.run(&["create", "namespace", DEMO]).unwrap();
+        }
+        Self { plane, kubectl, dirs, driver, webhook, volcano }
+    }
+}
+
 /// The PodGroup Volcano's controller made for Job `job`.
 fn podgroup_of(kubectl: &Kubectl, namespace: &str, job: &str) -> anyhow::Result<Option<Value>> {
     let list = kubectl.get_json(&["podgroups.scheduling.volcano.sh", "-n", namespace])?;
@@ -263,13 +293,7 @@ spec:
 #[test]
 #[ignore = "needs Volcano v1.15.1, which the Go module proxy cannot build (volcano.sh/apis v1.15.1 not served): set VOLCANO_APIS_DIR and run with --ignored; see docs/volcano.md"]
 fn volcano_binds_gangs_and_allocates_claims() {
-    let plane = ControlPlane::start().expect("control plane");
-    let kubectl = plane.kubectl().clone();
-    plane.create_node(NODE).unwrap();
-    kubectl.apply(DEVICE_CLASS).unwrap();
-    let dirs = Dirs::new(plane.dir());
-    let mut drv = rtx_3060_driver(&plane, &dirs, "driver", &[]);
-    let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
+    let Bed { plane: _plane, kubectl, driver: mut drv, mut volcano, .. } = Bed::start(false);
 
     // The gang: one PodGroup of minMember 2 in the default queue, both pods bound by vc-scheduler.
     kubectl.run_with_input(&["create", "-f", "-"], Some(CPU_GANG)).unwrap();
@@ -311,18 +335,10 @@ fn start_vgpu_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
 #[test]
 #[ignore = "needs Volcano v1.15.1, which the Go module proxy cannot build (volcano.sh/apis v1.15.1 not served): set VOLCANO_APIS_DIR and run with --ignored; see docs/volcano.md"]
 fn source_document_000_volcano_gang_and_queue_on_one_shared_card() {
-    let mut plane = ControlPlane::start().expect("control plane");
-    let kubectl = plane.kubectl().clone();
-    plane.create_node(NODE).unwrap();
-    kubectl.apply(DEVICE_CLASS).unwrap();
-    let dirs = Dirs::new(plane.dir());
-    let mut drv = rtx_3060_driver(&plane, &dirs, "driver", &[]);
+    let Bed { mut plane, dirs, driver: mut drv, webhook, mut volcano, .. } = Bed::start(true);
     let mut kubelet = kubelet(&dirs);
-    let mut webhook = start_vgpu_webhook(&plane).unwrap();
-    let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
-    kubectl.run(&["create", "namespace", DEMO]).unwrap();
     seed_steps(&mut plane, &mut volcano, &mut kubelet, &dirs).unwrap();
-    webhook.check_running().unwrap();
+    webhook.unwrap().check_running().unwrap();
     drv.check_running().unwrap();
 }
 
@@ -336,15 +352,7 @@ fn source_document_000_volcano_gang_and_queue_on_one_shared_card() {
 #[test]
 #[ignore = "needs Volcano v1.15.1, which the Go module proxy cannot build (volcano.sh/apis v1.15.1 not served): set VOLCANO_APIS_DIR and run with --ignored; see docs/volcano.md"]
 fn a_gang_stays_whole_on_the_node_when_the_driver_dies_preparing_it() {
-    let plane = ControlPlane::start().expect("control plane");
-    let kubectl = plane.kubectl().clone();
-    plane.create_node(NODE).unwrap();
-    kubectl.apply(DEVICE_CLASS).unwrap();
-    let dirs = Dirs::new(plane.dir());
-    let mut drv = rtx_3060_driver(&plane, &dirs, "driver", &[]);
-    let mut webhook = start_vgpu_webhook(&plane).unwrap();
-    let mut volcano = Volcano::start(&plane, &VolcanoOptions::default()).expect("volcano");
-    kubectl.run(&["create", "namespace", DEMO]).unwrap();
+    let Bed { plane, kubectl, dirs, driver: mut drv, webhook, mut volcano } = Bed::start(true);
     kubectl.run_with_input(&["create", "-f", "-"], Some(seed_000::GANG)).unwrap();
     let job = (DEMO, "vcjob-vgpu-gang");
     let pods = wait_bound(&mut volcano, &kubectl, job, 2).unwrap();
@@ -403,7 +411,7 @@ fn a_gang_stays_whole_on_the_node_when_the_driver_dies_preparing_it() {
         assert_eq!(dirs.specs_for(first_uid) + dirs.specs_for(second_uid), 0, "{point}");
     }
     volcano.check_running().unwrap();
-    webhook.check_running().unwrap();
+    webhook.unwrap().check_running().unwrap();
     drv.check_running().unwrap();
 }
 
