@@ -22,8 +22,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use common::{DRIVER, Dirs, NODE, cdi_check, claim_response, claim_with, driver};
+use common::{DRIVER, Dirs, NODE, card_uuid, cdi_check, claim_response, claim_with, driver};
 use serde_json::Value;
+use vgpu_dra_integration::node::build_stand_in;
 use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions};
 
 /// `nobody`: stands for any user but root that a container runs as.
@@ -74,7 +75,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         .collect();
     ensure!(!ids.is_empty(), "no CDI device of ours in {reply}");
     let edits = cdi_check(&dirs.cdi, &ids);
-    let card = card_uuid(plane, "hami-gpu-0")?;
+    let card = card_uuid(plane.kubectl(), "hami-gpu-0")?.context("no uuid attribute of hami-gpu-0 in the node's slices")?;
 
     let claim_dir = dirs.vgpu.join("claims").join(&uid);
     let env = edits_env(&edits);
@@ -138,35 +139,6 @@ fn open_test_dirs_to_all_users(root: &Path, dirs: &Dirs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// Builds the stand-in into `dest`, with HAMi-core's built-in lock directory set to `lock_dir`.
-fn build_stand_in(dest: &Path, lock_dir: &Path) -> anyhow::Result<()> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/libvgpu-stand-in.c");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-Wall", "-Werror", "-o"])
-        .arg(dest)
-        .arg(format!("-DLOCK_DIR=\"{}\"", lock_dir.display()))
-        .arg(&source)
-        .output()
-        .context("running `cc`, needed to build the libvgpu.so stand-in")?;
-    ensure!(out.status.success(), "cc {}: {}", source.display(), String::from_utf8_lossy(&out.stderr));
-    std::fs::set_permissions(dest, std::fs::Permissions::from_mode(0o755))?;
-    Ok(())
-}
-
-/// The UUID the node's ResourceSlice publishes for `device`.
-fn card_uuid(plane: &ControlPlane, device: &str) -> anyhow::Result<String> {
-    let slices = plane.kubectl().get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={NODE}")])?;
-    slices["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
-        .find(|d| d["name"] == device)
-        .and_then(|d| d["attributes"]["uuid"]["string"].as_str())
-        .map(str::to_owned)
-        .with_context(|| format!("no uuid attribute of {device} in {slices}"))
 }
 
 fn edits_env(edits: &Value) -> Vec<String> {

@@ -27,7 +27,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use common::webhook;
+use common::{card_uuid, webhook};
 use serde_json::Value;
 use vgpu_dra_integration::node::{BUSYBOX_IMAGE, DYNAMIC_PROGRAM, Node, build_stand_in};
 use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, node_host_dir, start_driver};
@@ -356,19 +356,6 @@ fn check(seen: &Seen, pod: &str, uid: u32, card: &str, cache: &str) -> anyhow::R
     want("the preloaded library's lock", seen.record.get("lock"), "ok");
     ensure!(problems.is_empty(), "pod {pod}:\n- {}", problems.join("\n- "));
     Ok(())
-}
-
-/// The UUID the node's ResourceSlice publishes for `device`, once there is one.
-fn card_uuid(kubectl: &Kubectl, device: &str) -> anyhow::Result<Option<String>> {
-    let slices = kubectl.get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={NODE}")])?;
-    Ok(slices["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
-        .find(|d| d["name"] == device)
-        .and_then(|d| d["attributes"]["uuid"]["string"].as_str())
-        .map(str::to_owned))
 }
 
 /// The node's CDI spec files, with their contents.

@@ -141,6 +141,19 @@ spec:
     )
 }
 
+/// The UUID the node's ResourceSlice publishes for `device`, once there is one.
+pub fn card_uuid(kubectl: &vgpu_dra_integration::Kubectl, device: &str) -> anyhow::Result<Option<String>> {
+    let slices = kubectl.get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={NODE}")])?;
+    Ok(slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["spec"]["devices"].as_array().into_iter().flatten())
+        .find(|d| d["name"] == device)
+        .and_then(|d| d["attributes"]["uuid"]["string"].as_str())
+        .map(str::to_owned))
+}
+
 /// A claim `namespace/name` allocated by hand, as a buggy or racing scheduler might write it (no
 /// scheduler involved): `hami-gpu-0` of `NODE`, share ID number `share`, `memory` and 10 cores. The
 /// claim to create and, as a second document, the same with its status (for `kubectl replace
