@@ -27,28 +27,17 @@ CONTAINERD_VERSION="${CONTAINERD_VERSION:-v2.4.2}"
 # runc from Debian (default) or from the Go module proxy at RUNC_VERSION.
 RUNC_FROM="${RUNC_FROM:-debian}"
 RUNC_VERSION="${RUNC_VERSION:-v1.4.4}"
-CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # Builds share two cores with whatever else runs: they go last.
 NICE=(nice -n 19)
 
 log() { echo "node-build: $*" >&2; }
-
-# Staging modules (k8s.io/api, k8s.io/client-go, ...) are released as v0.<minor>.<patch>.
-staging_version() {
-	local v="${1#v}"
-	echo "v0.${v#*.}"
-}
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 
 kubelet_bin="$CACHE/kubelet-$K8S_VERSION"
 containerd_bin="$CACHE/containerd-$CONTAINERD_VERSION"
 runc_bin="$CACHE/runc-$RUNC_VERSION-seccomp"
-
-have_all() {
-	local dir="$1"
-	shift
-	for name in "$@"; do [[ -x "$dir/$name" ]] || return 1; done
-}
 
 # The `go` line and path of the go.mod of module $1 at version $2, from the module proxy.
 module_gomod() {
@@ -218,14 +207,9 @@ build_images() {
 	echo "$dir"
 }
 
-mkdir -p "$CACHE"
-# One build at a time per cache (build.sh runs this script, and so does a test that finds no
-# VGPU_DRA_BIN_* for the node); a lock of its own, as build.sh holds .build.lock while it runs this.
-exec 8>"$CACHE/.build-node.lock"
-if ! flock -n 8; then
-	log "waiting for another build-node.sh using $CACHE"
-	flock 8
-fi
+# build.sh runs this script, and so does a test that finds no VGPU_DRA_BIN_* for the node; a lock
+# of its own, as build.sh holds .build.lock while it runs this.
+lock_cache .build-node.lock
 start=$SECONDS
 runc="$(find_runc)"
 images="$(build_images)"

@@ -23,16 +23,11 @@ KUEUE_VERSION="${KUEUE_VERSION:-v0.18.1}"
 KUEUE_V019_VERSION="${KUEUE_V019_VERSION:-v0.19.2}"
 # Volcano: its scheduler, controllers and admission webhook, and its CRDs.
 VOLCANO_VERSION="${VOLCANO_VERSION:-v1.15.1}"
-CACHE="${VGPU_DRA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vgpu-dra}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 log() { echo "k8s-build: $*" >&2; }
-
-# Staging modules (k8s.io/api, k8s.io/client-go, ...) are released as v0.<minor>.<patch>.
-staging_version() {
-	local v="${1#v}"
-	echo "v0.${v#*.}"
-}
+# shellcheck source=common.sh
+. "$HERE/common.sh"
 
 k8s_bin="$CACHE/kubernetes-$K8S_VERSION"
 etcd_bin="$CACHE/etcd-$ETCD_VERSION"
@@ -47,12 +42,6 @@ kueue_manager_v019_bin="$CACHE/kueue-manager-$KUEUE_V019_VERSION-$kueue_manager_
 # Our own Go tools change with the repository: key them by their source as well as the release.
 tools_hash="$( (cd "$HERE" && cat go.mod.in cmd/*/*.go release/*/*.go) | sha256sum | cut -c1-16)"
 tools_bin="$CACHE/tools-$K8S_VERSION-$tools_hash"
-
-have_all() {
-	local dir="$1"
-	shift
-	for name in "$@"; do [[ -x "$dir/$name" ]] || return 1; done
-}
 
 # Writes the module that pins one Kubernetes release: replace directives for every staging module
 # are read from that release's own go.mod, never typed by hand.
@@ -267,14 +256,8 @@ build_volcano() {
 	log "Volcano $VOLCANO_VERSION built in $((SECONDS - started)) s"
 }
 
-mkdir -p "$CACHE"
-# One build at a time per cache: two test runs started together (or a test's own call of this
-# script beside scripts/test.sh's) would otherwise build into the same .tmp directories.
-exec 9>"$CACHE/.build.lock"
-if ! flock -n 9; then
-	log "waiting for another build.sh using $CACHE"
-	flock 9
-fi
+# Two test runs started together, or a test's own call of this script beside scripts/test.sh's.
+lock_cache .build.lock
 start=$SECONDS
 build_etcd
 build_kubernetes
