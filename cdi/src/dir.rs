@@ -163,12 +163,42 @@ impl SpecDir {
     /// # Errors
     /// [`SpecDirError`] naming the file.
     pub fn stage(&self, id: &str, spec: &Spec) -> Result<StagedSpec, SpecDirError> {
+        self.stage_in(self.reserve()?, id, spec)
+    }
+
+    /// Creates an empty temp file in the directory (and the directory if missing), for
+    /// [`SpecDir::stage_in`] to fill once the spec is known. Creating a file can be the slow part
+    /// of staging, so it may run while the spec is still being worked out; dropping the result
+    /// removes the file.
+    ///
+    /// # Errors
+    /// [`SpecDirError::Dir`] or [`SpecDirError::Write`] naming the directory.
+    pub fn reserve(&self) -> Result<ReservedSpec, SpecDirError> {
+        fs::create_dir_all(&self.path).map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
+        let tmp = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .tempfile_in(&self.path)
+            .map_err(|source| SpecDirError::Write { path: self.path.clone(), source })?;
+        Ok(ReservedSpec { tmp, dir: self.path.clone() })
+    }
+
+    /// [`SpecDir::stage`] into a file made by [`SpecDir::reserve`].
+    ///
+    /// # Errors
+    /// [`SpecDirError`] naming the file; [`SpecDirError::Write`] with `InvalidInput` when
+    /// `reserved` was made in another directory.
+    pub fn stage_in(&self, reserved: ReservedSpec, id: &str, spec: &Spec) -> Result<StagedSpec, SpecDirError> {
         let target = self.file_for(id)?;
         let write_err = |source| SpecDirError::Write { path: target.clone(), source };
-        fs::create_dir_all(&self.path).map_err(|source| SpecDirError::Dir { path: self.path.clone(), source })?;
+        if reserved.dir != self.path {
+            return Err(write_err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the temp file was made in {}", reserved.dir.display()),
+            )));
+        }
         let mut body = serde_json::to_vec_pretty(spec).map_err(|e| write_err(io::Error::other(e)))?;
         body.push(b'\n');
-        let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).tempfile_in(&self.path).map_err(write_err)?;
+        let mut tmp = reserved.tmp;
         tmp.write_all(&body).map_err(write_err)?;
         let synced = self.durability == Durability::Durable;
         if synced {
@@ -280,6 +310,13 @@ impl SpecDir {
         }
         Ok(removed)
     }
+}
+
+/// An empty temp file in a spec directory, made by [`SpecDir::reserve`].
+#[derive(Debug)]
+pub struct ReservedSpec {
+    tmp: tempfile::NamedTempFile,
+    dir: PathBuf,
 }
 
 /// A spec written to a temp file beside its target, made visible by [`StagedSpec::commit`].

@@ -140,6 +140,26 @@ fn crash_between_temp_write_and_rename(durability: Durability) {
 }
 
 #[test]
+fn a_reserved_temp_file_is_invisible_and_fills_only_in_its_own_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = SpecDir::new(dir.path().join("cdi"), kind());
+    let other = SpecDir::new(dir.path().join("other"), kind());
+    let spec = claim_spec("c1", &[("hami-gpu-0", 0)]);
+    let reserved = specs.reserve().unwrap();
+    assert!(specs.list_owned().unwrap().is_empty(), "an empty temp file is no spec");
+    let err = other.stage_in(specs.reserve().unwrap(), "c1", &spec).unwrap_err();
+    assert!(matches!(&err, cdi_spec::SpecDirError::Write { source, .. } if source.kind() == std::io::ErrorKind::InvalidInput), "{err:?}");
+    assert!(!other.path().exists(), "nothing was written where the file was not made");
+    assert_eq!(fs::read_dir(specs.path()).unwrap().count(), 1, "only the first reservation is left");
+    assert!(matches!(specs.stage_in(specs.reserve().unwrap(), "../c1", &spec), Err(cdi_spec::SpecDirError::BadId { .. })));
+    let path = specs.stage_in(reserved, "c1", &spec).unwrap().commit().unwrap();
+    assert_eq!(read_back(&path), ["c1-hami-gpu-0"]);
+    assert_eq!(fs::read_dir(specs.path()).unwrap().count(), 1, "the temp file became the spec");
+    drop(specs.reserve().unwrap());
+    assert_eq!(fs::read_dir(specs.path()).unwrap().count(), 1, "a dropped reservation leaves nothing");
+}
+
+#[test]
 fn listing_sees_only_this_drivers_specs_and_remove_is_idempotent() {
     let dir = tempfile::tempdir().unwrap();
     let specs = SpecDir::new(dir.path(), kind());

@@ -27,14 +27,50 @@ pub fn write_atomically(path: &Path, body: &[u8], mode: u32) -> io::Result<()> {
 /// # Errors
 /// The I/O error of the step that failed.
 pub fn stage(path: &Path, body: &[u8], mode: u32) -> io::Result<Staged> {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = path.parent().unwrap_or(Path::new("/"));
+    reserve(path.parent().unwrap_or(Path::new("/")))?.fill(path, body, mode)
+}
+
+/// Creates an empty temp file in `dir` (and `dir` if missing), to be filled by
+/// [`Reserved::fill`] once its content is known. Creating a file is the slow step of staging on
+/// some file systems (ext4 without a journal looks through recently freed inodes first), so it
+/// can run while the content is still being read; dropping the result removes the file.
+///
+/// # Errors
+/// The I/O error of the directory or the file.
+pub fn reserve(dir: &Path) -> io::Result<Reserved> {
     std::fs::create_dir_all(dir)?;
-    let mut tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).tempfile_in(dir)?;
-    tmp.write_all(body)?;
-    tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.as_file().sync_all()?;
-    Ok(Staged { tmp, target: path.to_owned() })
+    let tmp = tempfile::Builder::new().prefix(TEMP_PREFIX).tempfile_in(dir)?;
+    Ok(Reserved { tmp, dir: dir.to_owned() })
+}
+
+/// An empty temp file made by [`reserve`], not yet bound to a target.
+#[derive(Debug)]
+pub struct Reserved {
+    tmp: tempfile::NamedTempFile,
+    dir: PathBuf,
+}
+
+impl Reserved {
+    /// Writes `body` with permission bits `mode` and fsyncs it, for [`Staged::commit`] to rename
+    /// over `path`.
+    ///
+    /// # Errors
+    /// `InvalidInput` when `path` is not in the reserved file's directory (a rename could not be
+    /// atomic there); otherwise the I/O error of the write or the fsync.
+    pub fn fill(self, path: &Path, body: &[u8], mode: u32) -> io::Result<Staged> {
+        use std::os::unix::fs::PermissionsExt;
+        if path.parent() != Some(self.dir.as_path()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is not in {}, where its temp file was made", path.display(), self.dir.display()),
+            ));
+        }
+        let mut tmp = self.tmp;
+        tmp.write_all(body)?;
+        tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
+        tmp.as_file().sync_all()?;
+        Ok(Staged { tmp, target: path.to_owned() })
+    }
 }
 
 /// A file written and fsynced beside its target, made visible by [`Staged::commit`].
@@ -92,6 +128,26 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o644);
         assert_eq!(names(), 1);
+    }
+
+    #[test]
+    fn a_reserved_file_is_filled_only_for_a_target_beside_it_and_removed_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = || std::fs::read_dir(dir.path()).unwrap().count();
+        let sub = dir.path().join("sub");
+        let reserved = reserve(&sub).unwrap();
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1, "the empty temp file exists");
+        let err = reserve(&sub).unwrap().fill(&dir.path().join("f"), b"x", 0o600).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(names(), 1, "nothing written outside the reserved directory");
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1, "the refused reservation is gone");
+        drop(reserved);
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 0);
+        let target = sub.join("f");
+        reserve(&sub).unwrap().fill(&target, b"body", 0o640).unwrap().commit().unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"body");
+        assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777, 0o640);
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1);
     }
 
     #[test]

@@ -32,11 +32,12 @@ pub struct PreparedClaim {
     pub spec: cdi_spec::Spec,
 }
 
+/// A record on disk; written from a borrowed claim, read into an owned one.
 #[derive(Serialize, Deserialize)]
-struct Record {
+struct Record<C = PreparedClaim> {
     version: u32,
     checksum: String,
-    claim: PreparedClaim,
+    claim: C,
 }
 
 #[derive(Deserialize)]
@@ -243,12 +244,29 @@ impl Checkpoint {
     /// # Errors
     /// [`CheckpointError::Io`].
     pub fn stage(&self, claim: &PreparedClaim) -> Result<StagedRecord, CheckpointError> {
+        self.stage_in(self.reserve()?, claim)
+    }
+
+    /// Creates an empty temp file in the checkpoint directory for [`Checkpoint::stage_in`], so
+    /// that the file exists before the record is known (see [`crate::fsutil::reserve`]).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] naming the directory.
+    pub fn reserve(&self) -> Result<crate::fsutil::Reserved, CheckpointError> {
+        crate::fsutil::reserve(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })
+    }
+
+    /// [`Checkpoint::stage`] into a file made by [`Checkpoint::reserve`].
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`], also when `reserved` was made in another directory.
+    pub fn stage_in(&self, reserved: crate::fsutil::Reserved, claim: &PreparedClaim) -> Result<StagedRecord, CheckpointError> {
         let path = self.record_path(&claim.claim.uid);
         let io_err = |source| CheckpointError::Io { path: path.clone(), source };
-        let record = Record { version: VERSION, checksum: checksum(claim), claim: claim.clone() };
+        let record = Record { version: VERSION, checksum: checksum(claim), claim };
         let body = serde_json::to_vec(&record).map_err(|e| io_err(io::Error::other(e)))?;
         // Only the driver reads its records.
-        let staged = crate::fsutil::stage(&path, &body, 0o600).map_err(io_err)?;
+        let staged = reserved.fill(&path, &body, 0o600).map_err(io_err)?;
         Ok(StagedRecord { staged, path })
     }
 

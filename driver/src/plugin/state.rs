@@ -275,6 +275,45 @@ struct StagedClaim {
     spec: StagedSpec,
 }
 
+/// A new claim's first file work, on the blocking thread that looks up the toolkit's device
+/// names: the temp files of the claim's record and spec are made while the claim is read.
+struct Stager {
+    work: tokio::task::JoinHandle<(Vec<String>, ReservedFiles)>,
+    storage: (Checkpoint, SpecDir),
+}
+
+/// The temp files of a claim's record and spec.
+type ReservedFiles = (Result<crate::fsutil::Reserved, CheckpointError>, Result<cdi_spec::ReservedSpec, cdi_spec::SpecDirError>);
+
+impl Stager {
+    /// Writes `entry`'s checkpoint record (fsynced) and spec into the files made for them, off
+    /// the runtime; with the toolkit's device names.
+    async fn stage(self, entry: &PreparedClaim) -> (Vec<String>, Result<StagedClaim, PrepareError>) {
+        let (toolkit, (record, spec)) = joined(self.work.await);
+        let (checkpoint, specs) = self.storage;
+        let entry = entry.clone();
+        let staging = tokio::task::spawn_blocking(move || {
+            // A failed reservation drops the other one here, off the runtime.
+            let (record, spec) = (record?, spec?);
+            let record = checkpoint.stage_in(record, &entry)?;
+            let spec = specs.stage_in(spec, entry.claim.uid.as_str(), &entry.spec)?;
+            Ok(StagedClaim { record, spec })
+        });
+        (toolkit, joined(staging.await))
+    }
+
+    /// Waits for the files and removes them unused.
+    async fn discard(self) {
+        let work = joined(self.work.await);
+        blocking(|| drop(work));
+    }
+}
+
+/// The output of a finished blocking task; its panic goes on in the caller.
+fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
+    result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
 /// The request name of a pending claim's placeholder share in the ledger.
 pub(super) const PENDING_REQUEST: &str = "(pending adoption)";
 
@@ -300,21 +339,24 @@ impl State {
     /// # Errors
     /// [`PrepareError`] for this claim only.
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
-        // The toolkit's specs do not depend on the claim: they are scanned while it is read.
-        let toolkit = self.scan_toolkit();
         if let Some(entry) = self.prepared_entry(claim).await? {
-            return Ok(self.answer(entry, toolkit).await);
+            let toolkit = self.toolkit_devices().await;
+            return Ok(self.answer(entry, &toolkit));
         }
-        let object = self.claims.claim(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
-        let published = self.published()?;
-        let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
-        let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
-        let spec = build_spec(&self.storage.cdi, claim, &devices, &published, &env)
-            .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
-        let entry = PreparedClaim { claim: claim.clone(), devices, spec };
+        // The files are made while the claim is read (a create can take a millisecond); a
+        // claim refused before staging has them removed unused.
+        let stager = self.stager();
+        let (entry, object, published) = match self.entry_for(claim).await {
+            Ok(built) => built,
+            Err(e) => {
+                stager.discard().await;
+                return Err(e);
+            }
+        };
         // The pod is read while the entry is written and fsynced (each about a millisecond); a
         // refused claim's files are removed unseen.
-        let (checked, staged) = tokio::join!(self.check_containers(claim, &object, &entry.devices), self.stage(&entry));
+        let (checked, (toolkit, staged)) =
+            tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry));
         let staged = match (checked, staged) {
             (Ok(()), Ok(staged)) => staged,
             (Err(e), staged) => {
@@ -325,19 +367,31 @@ impl State {
         };
         fail_point(self.fail_at, FailPoint::PrepareStaged);
         let entry = self.commit(entry, staged, &published).await?;
-        Ok(self.answer(entry, toolkit).await)
+        Ok(self.answer(entry, &toolkit))
     }
 
-    /// Writes `entry`'s checkpoint record and spec beside their final names, off the runtime.
-    async fn stage(&self, entry: &PreparedClaim) -> Result<StagedClaim, PrepareError> {
-        let (checkpoint, specs) = (self.storage.checkpoint.clone(), self.storage.specs.clone());
-        let entry = entry.clone();
-        let staging = tokio::task::spawn_blocking(move || {
-            let record = checkpoint.stage(&entry)?;
-            let spec = specs.stage(entry.claim.uid.as_str(), &entry.spec)?;
-            Ok(StagedClaim { record, spec })
+    /// Reads `claim` and works out its shares and spec, with the claim and the devices they
+    /// were worked out from.
+    async fn entry_for(&self, claim: &ClaimRef) -> Result<(PreparedClaim, ResourceClaim, Vec<PublishedDevice>), PrepareError> {
+        let object = self.claims.claim(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
+        let published = self.published()?;
+        let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
+        let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
+        let spec = build_spec(&self.storage.cdi, claim, &devices, &published, &env)
+            .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
+        Ok((PreparedClaim { claim: claim.clone(), devices, spec }, object, published))
+    }
+
+    /// Starts a new claim's [`Stager`].
+    fn stager(&self) -> Stager {
+        let storage = (self.storage.checkpoint.clone(), self.storage.specs.clone());
+        let (checkpoint, specs) = storage.clone();
+        let toolkit = self.toolkit_lookup();
+        let work = tokio::task::spawn_blocking(move || {
+            let toolkit = toolkit.map(|lookup| lookup()).unwrap_or_default();
+            (toolkit, (checkpoint.reserve(), specs.reserve()))
         });
-        staging.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        Stager { work, storage }
     }
 
     /// Admits a checked claim and makes its staged files visible, under the lock.
@@ -473,25 +527,31 @@ impl State {
         Ok(Some(entry.clone()))
     }
 
-    /// Starts reading the NVIDIA toolkit's device names, off the runtime and the lock.
-    fn scan_toolkit(&self) -> Option<tokio::task::JoinHandle<Vec<String>>> {
+    /// The lookup of the NVIDIA toolkit's device names, to run off the runtime and the lock;
+    /// `None` when no toolkit directory is configured.
+    fn toolkit_lookup(&self) -> Option<impl FnOnce() -> Vec<String> + Send + 'static> {
         let dirs = self.storage.cdi.toolkit_dirs.clone();
         if dirs.is_empty() {
             return None;
         }
         let own = format!("{}_", self.storage.cdi.kind.file_stem());
         let index = self.toolkit.clone();
-        Some(tokio::task::spawn_blocking(move || index.devices(&dirs, &own)))
+        Some(move || index.devices(&dirs, &own))
     }
 
-    /// The answer for a prepared entry, with the toolkit's IDs from `toolkit`'s scan.
-    async fn answer(&self, entry: PreparedClaim, toolkit: Option<tokio::task::JoinHandle<Vec<String>>>) -> Vec<PreparedDevice> {
+    /// The NVIDIA toolkit's device names, looked up on a blocking thread.
+    async fn toolkit_devices(&self) -> Vec<String> {
+        match self.toolkit_lookup() {
+            // A lookup that failed leaves the toolkit's IDs out, as a node without them.
+            Some(lookup) => tokio::task::spawn_blocking(lookup).await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The answer for a prepared entry, with the toolkit's device names `toolkit`.
+    fn answer(&self, entry: PreparedClaim, toolkit: &[String]) -> Vec<PreparedDevice> {
         let published = self.published().unwrap_or_default();
         let kind: &Kind = &self.storage.cdi.kind;
-        let toolkit = match toolkit {
-            Some(scan) => scan.await.unwrap_or_default(),
-            None => Vec::new(),
-        };
         let names = cdi_device_names(&entry.claim, &entry.devices);
         entry
             .devices
@@ -505,7 +565,7 @@ impl State {
                         Some(vgpu_scheduling::Attribute::Int(i)) => u32::try_from(*i).unwrap_or(c.minor),
                         _ => c.minor,
                     };
-                    super::toolkit::toolkit_id(&toolkit, &c.uuid, index)
+                    super::toolkit::toolkit_id(toolkit, &c.uuid, index)
                 });
                 PreparedDevice {
                     request: d.request.clone(),

@@ -195,6 +195,27 @@ spec:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_refused_before_it_is_staged_leaves_no_temp_file() {
+    let node = Node::new();
+    // Allocated on another node's pool, so not this node's to prepare.
+    let elsewhere: ResourceClaim = serde_saphyr::from_str(&format!(
+        "metadata: {{name: c2, namespace: ns, uid: {}}}\nspec: {{}}\nstatus:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: n2, device: hami-gpu-0, request: gpu}}\n",
+        uid(2)
+    ))
+    .unwrap();
+    let state = node.state(vec![elsewhere], vec![]).await;
+    for (name, n) in [("c1", 1), ("c2", 2)] {
+        assert!(state.prepare(&cref(name, n)).await.is_err(), "{name}");
+        assert_eq!(node.files(), Vec::<String>::new(), "{name}: the temp files made while it was read are gone");
+    }
+    drop(state);
+    let state = node.state_with(dead_api(), SharingConfig::default(), StateOptions::default()).await;
+    assert!(state.prepare(&cref("c1", 1)).await.is_err());
+    assert_eq!(node.files(), Vec::<String>::new(), "an API error leaves nothing either");
+    assert_eq!(state.prepared_count().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_with_a_smaller_configuration_keeps_every_share_and_blocks_the_card() {
     let node = Node::new();
     let claims = vec![
