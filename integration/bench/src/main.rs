@@ -72,6 +72,11 @@ struct Args {
     /// Simulated nodes in the scale run (0 skips it).
     #[arg(long, default_value_t = 100)]
     nodes: usize,
+    /// Where the nodes' directories ({dir}: checkpoint, CDI specs, sockets) are made, to measure
+    /// on a file system like the nodes' (default: in TMPDIR, beside the control plane's files).
+    /// The report names the file system, and for ext4 whether it has a journal.
+    #[arg(long)]
+    node_dirs: Option<PathBuf>,
     /// Skip the single-node run.
     #[arg(long)]
     skip_single: bool,
@@ -127,7 +132,7 @@ impl Args {
                 )
             }
         };
-        Ok(Target { driver: self.driver_name.clone(), command, socket: self.socket.clone() })
+        Ok(Target { driver: self.driver_name.clone(), command, socket: self.socket.clone(), node_root: None })
     }
 }
 
@@ -135,10 +140,16 @@ fn main() -> anyhow::Result<()> {
     // See the driver's main: name the TLS provider instead of relying on feature unification.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
-    let target = args.target()?;
+    let mut target = args.target()?;
+    // Removed at the end of the run, with every node's files in it.
+    let node_root = match &args.node_dirs {
+        Some(dir) => Some(tempfile::Builder::new().prefix("vb-").tempdir_in(dir).with_context(|| format!("--node-dirs {}", dir.display()))?),
+        None => None,
+    };
+    target.node_root = node_root.as_ref().map(|d| d.path().to_owned());
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let mut report = Report {
-        machine: Machine::here(),
+        machine: Machine::here(node_root.as_ref().map_or_else(std::env::temp_dir, |d| d.path().to_owned())),
         driver: target.driver.clone(),
         command: target.command.clone(),
         single: None,
@@ -206,7 +217,8 @@ its output ends:\n{}",
 
     // Idle: settled after start, then the steady window for CPU and API requests.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle = procfs::sample(pid)?;
+    let idle = procfs::sample(pid)
+        .with_context(|| format!("driver {} on node {node} stopped; its output ends:\n{}", target.driver, running.process.tail(20)))?;
     let window = cluster::AuditWindow::start(&audit_log)?;
     let steady = Duration::from_secs(args.steady_seconds);
     tokio::time::sleep(steady).await;

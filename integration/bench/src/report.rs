@@ -25,6 +25,8 @@ pub struct Machine {
     pub date: String,
     /// The Kubernetes release of the test bed.
     pub kubernetes: String,
+    /// The file system of the nodes' directories (checkpoints and CDI specs are written there).
+    pub node_fs: String,
 }
 
 fn first_line(cmd: &str, args: &[&str]) -> String {
@@ -38,8 +40,8 @@ fn first_line(cmd: &str, args: &[&str]) -> String {
 }
 
 impl Machine {
-    /// This machine, now.
-    pub fn here() -> Self {
+    /// This machine, now, with the nodes' files under `node_dirs`.
+    pub fn here(node_dirs: std::path::PathBuf) -> Self {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         let mem_kib: f64 = meminfo
@@ -60,8 +62,40 @@ impl Machine {
             commit: first_line("git", &["rev-parse", "--short", "HEAD"]),
             date: first_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
             kubernetes: std::env::var("K8S_VERSION").unwrap_or_else(|_| "v1.36.3".into()),
+            node_fs: file_system(&node_dirs),
         }
     }
+}
+
+/// The file system `path` is on, as "`PATH`: TYPE on SOURCE", and for ext4 whether it has a
+/// journal: without one, ext4 looks through recently freed inodes on every file it creates,
+/// which makes a prepare's temp files slow after many claims were unprepared.
+fn file_system(path: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let Some((mount, fstype, source)) = mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mount = left.split(' ').nth(4)?;
+            let mut right = right.split(' ');
+            Some((mount, right.next()?, right.next()?))
+        })
+        .filter(|(mount, ..)| path.starts_with(mount))
+        .max_by_key(|(mount, ..)| mount.len())
+    else {
+        return format!("{}: unknown file system", path.display());
+    };
+    let journal = if fstype == "ext4" {
+        let device = source.rsplit('/').next().unwrap_or(source);
+        let journaled = std::fs::read_dir("/proc/fs/jbd2")
+            .map(|entries| entries.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{device}-"))))
+            .unwrap_or(false);
+        if journaled { ", with a journal" } else { ", without a journal" }
+    } else {
+        ""
+    };
+    format!("{}: {fstype} on {source} (mounted at {mount}){journal}", path.display())
 }
 
 /// Latency of one mode at one size.
@@ -202,8 +236,8 @@ impl Report {
         let mut out = String::new();
         let m = &self.machine;
         out.push_str(&format!(
-            "vgpu-dra-bench  driver {}  commit {}  {}\nmachine: {} x{} CPUs, {} GiB, kernel {}, Kubernetes {}\n\n",
-            self.driver, m.commit, m.date, m.cpu, m.cpus, m.memory_gib, m.kernel, m.kubernetes
+            "vgpu-dra-bench  driver {}  commit {}  {}\nmachine: {} x{} CPUs, {} GiB, kernel {}, Kubernetes {}\nnodes' files: {}\n\n",
+            self.driver, m.commit, m.date, m.cpu, m.cpus, m.memory_gib, m.kernel, m.kubernetes, m.node_fs
         ));
         if let Some(s) = &self.single {
             out.push_str("single node\n");
@@ -306,5 +340,18 @@ impl Report {
             out.push_str(&format!("  [{}] {goal}\n", if *met { "met" } else { "MISSED" }));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_system_is_the_deepest_mount_holding_the_path() {
+        assert!(file_system(std::path::Path::new("/proc/self/status")).contains(": proc on proc (mounted at /proc)"));
+        let root = file_system(std::path::Path::new("/"));
+        assert!(root.contains("(mounted at /)"), "{root}");
+        assert!(!root.contains("unknown"), "{root}");
     }
 }

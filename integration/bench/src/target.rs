@@ -15,6 +15,8 @@ pub struct Target {
     pub command: String,
     /// The plugin's DRA service socket.
     pub socket: String,
+    /// Where the nodes' directories are made; `None`: in the control plane's directory.
+    pub node_root: Option<PathBuf>,
 }
 
 /// A plugin running for one node.
@@ -36,9 +38,19 @@ impl Target {
             .replace("{driver}", &self.driver)
     }
 
-    /// Starts the plugin for `node` with `kubeconfig`, its files under the plane's directory.
+    /// Starts the plugin for `node` with `kubeconfig`, its files under the node root or the
+    /// plane's directory.
     pub fn start(&self, plane: &ControlPlane, kubeconfig: &Path, node: &str) -> anyhow::Result<Running> {
-        let dir = plane.dir().join(format!("bench-{node}"));
+        let dir = match &self.node_root {
+            // One plane's nodes apart from another's, by the random end of the plane's directory
+            // name: the kubelet's socket paths must stay under 108 bytes.
+            Some(root) => {
+                let plane_name = plane.dir().file_name().unwrap_or_default().to_string_lossy().into_owned();
+                let tag = plane_name.rsplit('-').next().unwrap_or_default();
+                root.join(format!("{tag}-{node}"))
+            }
+            None => plane.dir().join(format!("bench-{node}")),
+        };
         std::fs::create_dir_all(dir.join("kubelet/plugins_registry"))?;
         let command = self.expand(&self.command, node, &dir, kubeconfig);
         let socket = PathBuf::from(self.expand(&self.socket, node, &dir, kubeconfig));
