@@ -235,16 +235,7 @@ impl Checkpoint {
     /// # Errors
     /// [`CheckpointError::Io`]; a previous record is then unchanged.
     pub fn record(&self, claim: &PreparedClaim) -> Result<(), CheckpointError> {
-        self.stage(claim)?.commit()
-    }
-
-    /// First half of [`Checkpoint::record`]: the record is durable in a temp file that the load
-    /// ignores (and removes), until [`StagedRecord::commit`]; dropping it removes the file.
-    ///
-    /// # Errors
-    /// [`CheckpointError::Io`].
-    pub fn stage(&self, claim: &PreparedClaim) -> Result<StagedRecord, CheckpointError> {
-        self.stage_in(self.reserve()?, claim)
+        self.stage_in(self.reserve()?, claim)?.commit()
     }
 
     /// Creates an empty temp file in the checkpoint directory for [`Checkpoint::stage_in`], so
@@ -256,7 +247,9 @@ impl Checkpoint {
         crate::fsutil::reserve(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })
     }
 
-    /// [`Checkpoint::stage`] into a file made by [`Checkpoint::reserve`].
+    /// First half of [`Checkpoint::record`], into a file made by [`Checkpoint::reserve`]: the
+    /// record is durable in a temp file that the load ignores (and removes), until
+    /// [`StagedRecord::commit`]; dropping it removes the file.
     ///
     /// # Errors
     /// [`CheckpointError::Io`], also when `reserved` was made in another directory.

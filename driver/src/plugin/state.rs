@@ -341,7 +341,7 @@ impl State {
     pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
         if let Some(entry) = self.prepared_entry(claim).await? {
             let toolkit = self.toolkit_devices().await;
-            return Ok(self.answer(entry, &toolkit));
+            return Ok(self.answer(entry, &toolkit, &self.published().unwrap_or_default()));
         }
         // The files are made while the claim is read (a create can take a millisecond); a
         // claim refused before staging has them removed unused.
@@ -367,7 +367,7 @@ impl State {
         };
         fail_point(self.fail_at, FailPoint::PrepareStaged);
         let entry = self.commit(entry, staged, &published).await?;
-        Ok(self.answer(entry, &toolkit))
+        Ok(self.answer(entry, &toolkit, &published))
     }
 
     /// Reads `claim` and works out its shares and spec, with the claim and the devices they
@@ -548,9 +548,9 @@ impl State {
         }
     }
 
-    /// The answer for a prepared entry, with the toolkit's device names `toolkit`.
-    fn answer(&self, entry: PreparedClaim, toolkit: &[String]) -> Vec<PreparedDevice> {
-        let published = self.published().unwrap_or_default();
+    /// The answer for a prepared entry, with the toolkit's device names `toolkit` and the cards
+    /// as `published`.
+    fn answer(&self, entry: PreparedClaim, toolkit: &[String], published: &[PublishedDevice]) -> Vec<PreparedDevice> {
         let kind: &Kind = &self.storage.cdi.kind;
         let names = cdi_device_names(&entry.claim, &entry.devices);
         entry
