@@ -148,7 +148,10 @@ fn a_reserved_temp_file_is_invisible_and_fills_only_in_its_own_directory() {
     let reserved = specs.reserve().unwrap();
     assert!(specs.list_owned().unwrap().is_empty(), "an empty temp file is no spec");
     let err = other.stage_in(specs.reserve().unwrap(), "c1", &spec).unwrap_err();
-    assert!(matches!(&err, cdi_spec::SpecDirError::Write { source, .. } if source.kind() == std::io::ErrorKind::InvalidInput), "{err:?}");
+    assert!(
+        matches!(&err, cdi_spec::SpecDirError::Write { source, .. } if source.kind() == std::io::ErrorKind::InvalidInput),
+        "{err:?}"
+    );
     assert!(!other.path().exists(), "nothing was written where the file was not made");
     assert_eq!(fs::read_dir(specs.path()).unwrap().count(), 1, "only the first reservation is left");
     assert!(matches!(specs.stage_in(specs.reserve().unwrap(), "../c1", &spec), Err(cdi_spec::SpecDirError::BadId { .. })));

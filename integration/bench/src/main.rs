@@ -143,7 +143,9 @@ fn main() -> anyhow::Result<()> {
     let mut target = args.target()?;
     // Removed at the end of the run, with every node's files in it.
     let node_root = match &args.node_dirs {
-        Some(dir) => Some(tempfile::Builder::new().prefix("vb-").tempdir_in(dir).with_context(|| format!("--node-dirs {}", dir.display()))?),
+        Some(dir) => Some(
+            tempfile::Builder::new().prefix("vb-").tempdir_in(dir).with_context(|| format!("--node-dirs {}", dir.display()))?,
+        ),
         None => None,
     };
     target.node_root = node_root.as_ref().map(|d| d.path().to_owned());
@@ -217,8 +219,9 @@ its output ends:\n{}",
 
     // Idle: settled after start, then the steady window for CPU and API requests.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle = procfs::sample(pid)
-        .with_context(|| format!("driver {} on node {node} stopped; its output ends:\n{}", target.driver, running.process.tail(20)))?;
+    let idle = procfs::sample(pid).with_context(|| {
+        format!("driver {} on node {node} stopped; its output ends:\n{}", target.driver, running.process.tail(20))
+    })?;
     let window = cluster::AuditWindow::start(&audit_log)?;
     let steady = Duration::from_secs(args.steady_seconds);
     tokio::time::sleep(steady).await;
