@@ -19,7 +19,8 @@ use crate::metrics::Metrics;
 use crate::plugin::cdi::CdiOptions;
 use crate::plugin::checkpoint::Checkpoint;
 use crate::plugin::health::HealthService;
-use crate::plugin::source::{ClaimCache, ClaimSource};
+use crate::plugin::node_pods::NodePods;
+use crate::plugin::source::{ClaimCache, ClaimSource, DEFAULT_API_TIMEOUT};
 use crate::plugin::state::{State, StateOptions, Storage};
 use crate::plugin::{self, Paths};
 use crate::publisher::{Publisher, PublisherOptions};
@@ -88,10 +89,15 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
             resolved.log_mig(&inventory);
         }
         let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
-        // This node's claims only, read one by one when the kubelet names them: no watch of
-        // the cluster's claims (see `plugin::source`).
+        // This node's claims only: read ahead for the pods bound here, else one by one when the
+        // kubelet names them; never a watch of the cluster's claims (see `plugin::source`).
         let cache = ClaimCache::new(config.driver_name.to_string(), args.node_name.clone());
-        let claims = ClaimSource::api(client.clone()).with_cache(cache);
+        let mut claims = ClaimSource::api(client.clone()).with_cache(cache);
+        let pod_watch = args.pod_watch.then(|| {
+            let pods = NodePods::new(config.driver_name.to_string(), args.node_name.clone(), Some(metrics.clone()));
+            claims = claims.clone().with_node_pods(pods.clone());
+            tokio::spawn(pods.run(client.clone(), DEFAULT_API_TIMEOUT, cancel.clone()))
+        });
         let options = StateOptions { deleted_claim_grace: Duration::from_secs(args.deleted_claim_grace_seconds), ..Default::default() };
         let state = State::recover(
             claims,
@@ -137,7 +143,12 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         });
         let publisher_task = tokio::spawn(publisher.run(cancel.clone()));
         let mut task = tokio::spawn(async move {
-            let _ = tokio::join!(plugin, publisher_task, http, health_feed, maintenance);
+            let pod_watch = async move {
+                if let Some(watch) = pod_watch {
+                    let _ = watch.await;
+                }
+            };
+            let _ = tokio::join!(plugin, publisher_task, http, health_feed, maintenance, pod_watch);
         });
         tokio::select! {
             signal = shutdown_signal() => {

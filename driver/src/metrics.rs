@@ -41,8 +41,13 @@ pub struct Metrics {
     pub prepare_errors: Family<Labels, Counter>,
     /// ResourceSlice writes by operation (`apply`, `delete`) and result.
     pub slice_writes: Family<Labels, Counter>,
-    /// Restarts of the API watches (slices, claims).
+    /// Restarts of the API watches (slices, pods).
     pub watch_restarts: Family<Labels, Counter>,
+    /// Events of this node's pod watch.
+    pub pod_events: Counter,
+    /// Claims read ahead, by result (`used` by a prepare, `missed`: a prepare read the API,
+    /// `not_ours`: read and dropped).
+    pub claim_prefetch: Family<Labels, Counter>,
 }
 
 fn histogram() -> Histogram {
@@ -72,6 +77,8 @@ impl Metrics {
             prepare_errors: Family::default(),
             slice_writes: Family::default(),
             watch_restarts: Family::default(),
+            pod_events: Counter::default(),
+            claim_prefetch: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -131,6 +138,12 @@ impl Metrics {
         registry.register("vgpu_dra_prepare_errors", "Claims whose prepare failed, by reason", m.prepare_errors.clone());
         registry.register("vgpu_dra_slice_writes", "ResourceSlice writes by operation and result", m.slice_writes.clone());
         registry.register("vgpu_dra_watch_restarts", "Restarts of API watches, by resource", m.watch_restarts.clone());
+        registry.register("vgpu_dra_pod_events", "Events of the watch of this node's pods", m.pod_events.clone());
+        registry.register(
+            "vgpu_dra_claim_prefetch",
+            "Claims read ahead for this node's pods: used by a prepare, missed (the prepare read the API), or not ours",
+            m.claim_prefetch.clone(),
+        );
         Self { registry, ..m }
     }
 
@@ -278,7 +291,7 @@ mod tests {
         m.prepared.set(1);
         m.prepare_seconds.get_or_create(&l).observe(0.001);
         m.unprepare_seconds.get_or_create(&l).observe(0.001);
-        for c in [&m.prepare_errors, &m.slice_writes, &m.watch_restarts] {
+        for c in [&m.prepare_errors, &m.slice_writes, &m.watch_restarts, &m.claim_prefetch] {
             c.get_or_create(&l).inc();
         }
         let exposed: std::collections::BTreeSet<String> = m

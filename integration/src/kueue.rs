@@ -21,7 +21,7 @@ use anyhow::Context;
 use serde_json::{Value, json};
 
 use crate::webhook_tls::{base64, make_certificates, path_str};
-use crate::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port};
+use crate::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, http_get};
 
 /// The API groups whose webhooks the manager serves (its linked integrations: batch/v1 Job).
 const SERVED_GROUPS: [&str; 2] = ["kueue.x-k8s.io", "batch"];
@@ -207,17 +207,6 @@ fn register_webhooks(kubectl: &Kubectl, manifests: &Path, port: u16, ca_pem: &st
     }
     kubectl.apply(&serde_json::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": configs}))?)?;
     Ok(())
-}
-
-/// A plain HTTP/1.1 GET on loopback `port`: the status line, headers and body.
-fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ pub use components::{Components, VolcanoComponents, components};
 pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, write_kubeconfig};
 pub use driver::{driver_binary, node_host_dir, start_driver, start_driver_as};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};
-pub use process::{ManagedProcess, free_port};
+pub use process::{ManagedProcess, free_port, http_get};
 
 use std::time::{Duration, Instant};
 

@@ -333,9 +333,20 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         "--mock-gpus=2xTesla T4:15Gi",
         // nvidiaDriverRoot wins over hami-dra.drivers.nvidia.containerDriver.
         "--dev-root=/opt/nvidia/driver/dev",
+        "--pod-watch=false",
     ] {
         anyhow::ensure!(args.contains(want), "DaemonSet args lack {want}: {args}");
     }
+    // Without the pod watch the role reads single pods only.
+    let role = kubectl.get_json(&["clusterrole", "full-vgpu-dra"])?;
+    let pod_verbs: Vec<&serde_json::Value> = role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["resources"].as_array().is_some_and(|res| res.iter().any(|x| x == "pods")))
+        .flat_map(|r| r["verbs"].as_array().into_iter().flatten())
+        .collect();
+    anyhow::ensure!(pod_verbs == [&serde_json::Value::from("get")], "podWatch=false leaves pod verbs {pod_verbs:?}");
     let webhook = kubectl.get_json(&["deployment", "full-vgpu-dra-webhook", "-n", "vgpu-dra-full"])?;
     let args = webhook["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     for want in [
@@ -383,7 +394,12 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     // Least privilege: nothing beyond the verbs the driver calls (`can-i -q` exits 1 for no).
     let may = |verb: &str, resource: &str| as_driver.run(&["auth", "can-i", "-q", verb, resource]).is_ok();
     anyhow::ensure!(
-        may("patch", "resourceslices") && may("get", "resourceclaims") && may("get", "pods"),
+        may("patch", "resourceslices")
+            && may("get", "resourceclaims")
+            && may("get", "pods")
+            // The watch of its node's pods (podWatch, on by default): a role cannot narrow it.
+            && may("list", "pods")
+            && may("watch", "pods"),
         "the driver lacks its own verbs"
     );
     for (verb, resource) in [
@@ -394,7 +410,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         // A node reads the claims the kubelet names, never the cluster's in bulk.
         ("list", "resourceclaims"),
         ("watch", "resourceclaims"),
-        ("list", "pods"),
+        ("update", "pods"),
+        ("delete", "pods"),
     ] {
         anyhow::ensure!(!may(verb, resource), "the driver may {verb} {resource}");
     }

@@ -1,9 +1,11 @@
 //! A node's driver reads only its own claims (issue 17): two drivers, on node-a and node-b, run as
-//! pods of the chart's DaemonSet (its RBAC: `get` on claims, no list or watch; each with its own
-//! pod-bound token, which the API server's audit log tells apart). A claim allocated to node-a and
-//! prepared there through the kubelet's own plugin code costs node-b's driver no request at all,
-//! node-a's driver only requests naming that claim (and the pod it is reserved for), and neither
-//! ever lists or watches claims. Counted from the audit log, never timed.
+//! pods of the chart's DaemonSet (its RBAC: `get` on claims, no list or watch; `list` and `watch`
+//! of pods for the watch of the node's own pods; each with its own pod-bound token, which the API
+//! server's audit log tells apart). A claim allocated to node-a and prepared there through the
+//! kubelet's own plugin code costs node-b's driver no request and no watch event at all; node-a's
+//! driver reads that claim ahead once its pod is bound there, and the prepare then makes no API
+//! call. Neither driver ever lists or watches claims, and each watches only its own node's pods.
+//! Counted from the audit log and the drivers' own metrics, never timed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,7 +18,9 @@ use anyhow::Context;
 use common::chart::{chart_dir, helm, run_as_daemonset_pod};
 use common::{DRIVER, claim_and_pod_on, claim_response};
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, PlaneOptions, eventually, node_host_dir};
+use vgpu_dra_integration::{
+    ControlPlane, KubeletSim, KubeletSimOptions, PlaneOptions, eventually, free_port, http_get, node_host_dir,
+};
 
 const NS: &str = "vgpu-dra";
 const IMAGE: &str = "image.repository=registry.example.com/vgpu-dra";
@@ -27,6 +31,7 @@ struct Request {
     /// The pod a bound service-account token names (each driver pod has its own).
     pod: Option<String>,
     verb: String,
+    uri: String,
     resource: String,
     namespace: String,
     name: String,
@@ -64,6 +69,7 @@ impl AuditWindow {
             .map(|e| Request {
                 pod: e["user"]["extra"]["authentication.kubernetes.io/pod-name"][0].as_str().map(str::to_owned),
                 verb: text_of(&e["verb"]),
+                uri: text_of(&e["requestURI"]),
                 resource: text_of(&e["objectRef"]["resource"]),
                 namespace: text_of(&e["objectRef"]["namespace"]),
                 name: text_of(&e["objectRef"]["name"]),
@@ -93,8 +99,12 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let user = format!("system:serviceaccount:{NS}:vgpu-dra");
 
     // Both drivers with the chart's RBAC only, each under its own pod's token.
-    let mut a = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-a", &["--mock-gpus=1xTesla T4:15Gi"])?;
-    let mut b = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-b", &["--mock-gpus=1xTesla T4:15Gi"])?;
+    let (port_a, port_b) = (free_port()?, free_port()?);
+    let (metrics_a, metrics_b) =
+        (format!("--metrics-address=127.0.0.1:{port_a}"), format!("--metrics-address=127.0.0.1:{port_b}"));
+    let mut a = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-a", &["--mock-gpus=1xTesla T4:15Gi", &metrics_a])?;
+    let mut b = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-b", &["--mock-gpus=1xTesla T4:15Gi", &metrics_b])?;
+    anyhow::ensure!(a.args.iter().any(|x| x == "--pod-watch=true"), "the chart's default runs the pod watch: {:?}", a.args);
     let (pod_a, pod_b) = ("vgpu-dra-node-a", "vgpu-dra-node-b");
     eventually("both nodes' slices published", Duration::from_secs(30), || {
         a.process.check_running()?;
@@ -113,10 +123,19 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_secs(2));
 
     let window = AuditWindow::start(&audit);
+    let events_b = counter(port_b, "vgpu_dra_pod_events_total")?;
     kubectl.apply(&claim_and_pod_on("share", "node-a", "4Gi", "50"))?;
     let result = plane.wait_allocated("default", "share", Duration::from_secs(30))?;
     anyhow::ensure!(result["pool"] == "node-a", "allocated elsewhere: {result}");
     let uid = kubectl.run(&["get", "resourceclaim", "share", "-o", "jsonpath={.metadata.uid}"])?;
+    // Once the pod is bound, node-a's driver reads its claim ahead; a prepare asked for while that
+    // read is under way waits for it, so the prepare below makes no API call either way.
+    eventually("node-a's driver reads the claim of the pod bound there", Duration::from_secs(30), || {
+        a.process.check_running()?;
+        let reads = window.requests_of(&user)?;
+        Ok(reads.iter().any(|r| r.pod.as_deref() == Some(pod_a) && r.resource == "resourceclaims").then_some(()))
+    })?;
+    let before_prepare = window.requests_of(&user)?.len();
     let reply = kubelet.prepare(&[("default", "share", &uid)])?;
     let answer = claim_response(&reply, &uid);
     anyhow::ensure!(answer.get("error").is_none_or(|e| e.as_str() == Some("")), "prepare failed: {reply}");
@@ -133,15 +152,23 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let of = |pod: &str| during.iter().filter(|r| r.pod.as_deref() == Some(pod)).cloned().collect::<Vec<_>>();
     let (by_a, by_b) = (of(pod_a), of(pod_b));
     anyhow::ensure!(by_b.is_empty(), "node-b's driver made requests for node-a's claim: {by_b:?}");
-    anyhow::ensure!(by_a.iter().any(|r| r.resource == "resourceclaims"), "node-a's driver never read the claim: {by_a:?}");
-    // The claim, and the pod it is reserved for (the pod's containers decide which limits apply).
-    let names_the_claim = |r: &Request| {
-        r.verb == "get"
-            && r.namespace == "default"
-            && r.name == "share"
-            && matches!(r.resource.as_str(), "resourceclaims" | "pods")
+    let events_b_after = counter(port_b, "vgpu_dra_pod_events_total")?;
+    anyhow::ensure!(events_b_after == events_b, "node-b's pod watch got {} events for node-a's pod", events_b_after - events_b);
+    anyhow::ensure!(counter(port_a, "vgpu_dra_pod_events_total")? > 0.0, "node-a's pod watch saw nothing");
+    // The claim only (one read, or two when the API server's watch cache lagged), or a restart
+    // of its own node's pod watch.
+    let expected = |r: &Request| {
+        (r.verb == "get" && r.namespace == "default" && r.name == "share" && r.resource == "resourceclaims")
+            || own_pod_stream(r, "node-a")
     };
-    anyhow::ensure!(by_a.iter().all(names_the_claim), "node-a's driver made other requests: {by_a:?}");
+    anyhow::ensure!(by_a.iter().all(expected), "node-a's driver made other requests: {by_a:?}");
+    let claim_reads = by_a.iter().filter(|r| r.resource == "resourceclaims").count();
+    anyhow::ensure!((1..=2).contains(&claim_reads), "node-a read the claim {claim_reads} times: {by_a:?}");
+    // The prepare and unprepare themselves made no request: the claim and pod were here.
+    let after_prepare: Vec<Request> = during[before_prepare..].iter().filter(|r| !own_pod_stream(r, "node-a")).cloned().collect();
+    anyhow::ensure!(after_prepare.is_empty(), "the prepare read the API: {after_prepare:?}");
+    let used = counter(port_a, "vgpu_dra_claim_prefetch_total{result=\"used\"}")?;
+    anyhow::ensure!(used == 1.0, "the prepare did not take the claim read ahead (used {used})");
 
     // Over the whole run, neither driver lists or watches claims.
     let claim_streams: Vec<Request> = AuditWindow::all(&audit)
@@ -150,5 +177,31 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         .filter(|r| r.resource == "resourceclaims" && matches!(r.verb.as_str(), "list" | "watch"))
         .collect();
     anyhow::ensure!(claim_streams.is_empty(), "a driver lists or watches claims: {claim_streams:?}");
+    // And each lists and watches only its own node's pods.
+    let everything = AuditWindow::all(&audit).requests_of(&user)?;
+    let pod_streams: Vec<&Request> =
+        everything.iter().filter(|r| r.resource == "pods" && matches!(r.verb.as_str(), "list" | "watch")).collect();
+    anyhow::ensure!(!pod_streams.is_empty(), "no driver watched its pods");
+    for r in pod_streams {
+        let node = r.pod.as_deref().and_then(|p| p.strip_prefix("vgpu-dra-")).unwrap_or_default();
+        anyhow::ensure!(own_pod_stream(r, node), "a pod list or watch beyond the driver's node: {r:?}");
+    }
     Ok(())
+}
+
+/// A list or watch of the pods of `node` only, in all namespaces.
+fn own_pod_stream(r: &Request, node: &str) -> bool {
+    r.resource == "pods"
+        && matches!(r.verb.as_str(), "list" | "watch")
+        && r.namespace.is_empty()
+        && r.uri.contains(&format!("fieldSelector=spec.nodeName%3D{node}"))
+        && !r.uri.contains("labelSelector")
+}
+
+/// A counter or gauge of the driver's `/metrics` on `port` (`name` with its labels as printed);
+/// 0 when it has no sample yet.
+fn counter(port: u16, name: &str) -> anyhow::Result<f64> {
+    let text = http_get(port, "/metrics")?;
+    let prefix = format!("{name} ");
+    Ok(text.lines().find_map(|l| l.strip_prefix(&prefix)).map(str::trim).map(str::parse).transpose()?.unwrap_or(0.0))
 }

@@ -1,5 +1,6 @@
 //! The kubelet plugin: registration with the kubelet, the DRA services, claim preparation with
 //! CDI specs and a checkpoint. One file per concern: `source` (reading claims and pods),
+//! `node_pods` (this node's pods, and their claims read ahead),
 //! `claim` (is this claim ours, which shares), `containers` (how the pod's containers use it),
 //! `cdi` (the spec), `host` (host files containers read), `checkpoint` (persistence), `state`
 //! (the lock: prepare and unprepare), `recovery` (start-up and periodic checks), `service`
@@ -11,6 +12,7 @@ pub mod claim;
 pub mod containers;
 pub mod health;
 pub mod host;
+pub mod node_pods;
 pub mod recovery;
 pub mod service;
 pub mod source;

@@ -24,6 +24,7 @@ use kube::api::GetParams;
 use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
 use super::claim::{ClaimRef, allocated_here};
+use super::node_pods::NodePods;
 
 /// How long one API read may take. Well under the kubelet's 45 s, and short enough that a batch
 /// mixing prepared claims (answered from the checkpoint) with one that needs the API is answered
@@ -136,6 +137,8 @@ pub enum ClaimSource {
         cache: Option<ClaimCache>,
         /// Deadline of each read.
         timeout: Duration,
+        /// This node's pods and the claims read ahead for them (`--pod-watch`).
+        node_pods: Option<NodePods>,
     },
     /// Fixed objects: what `prepare-preview` was given.
     Fixed {
@@ -149,14 +152,24 @@ pub enum ClaimSource {
 impl ClaimSource {
     /// The API through `client`, without a cache yet.
     pub fn api(client: kube::Client) -> Self {
-        Self::Api { client, cache: None, timeout: DEFAULT_API_TIMEOUT }
+        Self::Api { client, cache: None, timeout: DEFAULT_API_TIMEOUT, node_pods: None }
     }
 
     /// Adds the node's claim cache (API sources only).
     #[must_use]
     pub fn with_cache(self, cache: ClaimCache) -> Self {
         match self {
-            Self::Api { client, timeout, .. } => Self::Api { client, cache: Some(cache), timeout },
+            Self::Api { client, timeout, node_pods, .. } => Self::Api { client, cache: Some(cache), timeout, node_pods },
+            fixed @ Self::Fixed { .. } => fixed,
+        }
+    }
+
+    /// Takes claims and pods from what the node's pod watch read ahead, when it has them (API
+    /// sources only).
+    #[must_use]
+    pub fn with_node_pods(self, pods: NodePods) -> Self {
+        match self {
+            Self::Api { client, timeout, cache, .. } => Self::Api { client, cache, timeout, node_pods: Some(pods) },
             fixed @ Self::Fixed { .. } => fixed,
         }
     }
@@ -183,8 +196,13 @@ impl ClaimSource {
 
     /// Forgets what was read of the claim `uid` (it was unprepared).
     pub fn forget(&self, uid: &Uid) {
-        if let Self::Api { cache: Some(cache), .. } = self {
-            cache.lock().remove(uid);
+        if let Self::Api { cache, node_pods, .. } = self {
+            if let Some(cache) = cache {
+                cache.lock().remove(uid);
+            }
+            if let Some(pods) = node_pods {
+                pods.forget(uid);
+            }
         }
     }
 
@@ -195,9 +213,17 @@ impl ClaimSource {
     /// # Errors
     /// [`SourceError`] when the API does not answer in time or answers with an error.
     pub async fn claim(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, SourceError> {
-        let Self::Api { client, cache, timeout } = self else {
+        let Self::Api { client, cache, timeout, node_pods } = self else {
             return self.claim_by_name(&claim.namespace, &claim.name).await;
         };
+        if let Some(pods) = node_pods
+            && let Some(ahead) = pods.take(claim, *timeout).await
+        {
+            if let Some(cache) = cache {
+                cache.update(claim, Some(&ahead));
+            }
+            return Ok(Some(ahead));
+        }
         let api: Api<ResourceClaim> = Api::namespaced(client.clone(), claim.namespace.as_str());
         let what = || format!("ResourceClaim {}/{}", claim.namespace, claim.name);
         let Some(cache) = cache else {
@@ -239,7 +265,10 @@ impl ClaimSource {
     /// As [`ClaimSource::claim`].
     pub async fn pod(&self, namespace: &Namespace, name: &ObjectName, uid: &str) -> Result<Option<Pod>, SourceError> {
         match self {
-            Self::Api { client, timeout, .. } => {
+            Self::Api { client, timeout, node_pods, .. } => {
+                if let Some(pod) = node_pods.as_ref().and_then(|p| p.pod(namespace, name, uid)) {
+                    return Ok(Some(pod));
+                }
                 let api: Api<Pod> = Api::namespaced(client.clone(), namespace.as_str());
                 let what = || format!("Pod {namespace}/{name}");
                 let started = Instant::now();
@@ -302,7 +331,8 @@ fn named<'a, K: kube::Resource>(list: &'a [K], namespace: &Namespace, name: &Obj
         .find(|o| o.meta().namespace.as_deref() == Some(namespace.as_str()) && o.meta().name.as_deref() == Some(name.as_str()))
 }
 
-async fn get<K>(
+/// One GET of `name` with `params`, within `after`; `None` when the API says it does not exist.
+pub(super) async fn get<K>(
     api: &Api<K>,
     name: &ObjectName,
     params: &GetParams,
@@ -388,7 +418,7 @@ status: {{allocation: {{devices: {{results: [{{driver: {driver}, pool: {pool}, d
         let url = format!("http://{}", listener.local_addr().unwrap());
         let config = kube::Config::new(url.parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
-        let source = ClaimSource::Api { client, cache: None, timeout: Duration::from_millis(300) };
+        let source = ClaimSource::Api { client, cache: None, timeout: Duration::from_millis(300), node_pods: None };
         let want = ClaimRef::new("ns", "c", "u1").unwrap();
         let started = std::time::Instant::now();
         let err = source.claim(&want).await.unwrap_err();

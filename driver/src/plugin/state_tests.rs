@@ -96,7 +96,12 @@ fn dead_api() -> ClaimSource {
     crate::install_crypto_provider();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = kube::Config::new(format!("http://127.0.0.1:{port}").parse().unwrap());
-    ClaimSource::Api { client: kube::Client::try_from(config).unwrap(), cache: None, timeout: Duration::from_secs(2) }
+    ClaimSource::Api {
+        client: kube::Client::try_from(config).unwrap(),
+        cache: None,
+        timeout: Duration::from_secs(2),
+        node_pods: None,
+    }
 }
 
 fn cref(name: &str, n: u32) -> ClaimRef {

@@ -388,6 +388,7 @@ async fn scale(args: &Args, target: &Target) -> anyhow::Result<Scale> {
         requests_for_claims,
         claim_watch_events: watch_after.events_since(&watch_before, "resourceclaims"),
         slice_watch_events: watch_after.events_since(&watch_before, "resourceslices"),
+        pod_watch_events: watch_after.events_since(&watch_before, "pods"),
         watches: watch_after.watches,
         apiserver_cpu_seconds: server_after.cpu_seconds - server_before.cpu_seconds,
         apiserver_peak_rss_mib: server_after.peak_rss_mib,

@@ -169,6 +169,9 @@ pub struct Scale {
     pub claim_watch_events: f64,
     /// Watch events the API server sent for ResourceSlices meanwhile, to every watcher.
     pub slice_watch_events: f64,
+    /// Watch events the API server sent for Pods meanwhile, to every watcher (the scheduler's,
+    /// the controllers' and each node's watch of its own pods).
+    pub pod_watch_events: f64,
     /// Watches open at the end, by resource.
     pub watches: std::collections::BTreeMap<String, f64>,
     /// The API server's CPU seconds from the plugins' start to the end of preparing.
@@ -299,15 +302,17 @@ impl Report {
             // What must not grow with the cluster: a node's cost for each claim of its own.
             let per_claim = |n: f64| n / s.claims.max(1) as f64;
             out.push_str(&format!(
-                "  per own claim               {:.2} plugin requests, {:.2} claim watch events (all watchers), {:.2} slice watch events\n",
+                "  per own claim               {:.2} plugin requests; watch events (all watchers): {:.2} claim, {:.2} slice, {:.2} pod\n",
                 per_claim(s.requests_for_claims.total as f64),
                 per_claim(s.claim_watch_events),
-                per_claim(s.slice_watch_events)
+                per_claim(s.slice_watch_events),
+                per_claim(s.pod_watch_events)
             ));
             out.push_str(&format!(
-                "  watches open                claims {:.0}, slices {:.0}\n",
+                "  watches open                claims {:.0}, slices {:.0}, pods {:.0}\n",
                 s.watches.get("resourceclaims").copied().unwrap_or(0.0),
-                s.watches.get("resourceslices").copied().unwrap_or(0.0)
+                s.watches.get("resourceslices").copied().unwrap_or(0.0),
+                s.watches.get("pods").copied().unwrap_or(0.0)
             ));
             out.push_str(&format!(
                 "  API server                  {:.1} CPU s from the plugins' start to prepared, peak RSS {:.0} MiB\n",

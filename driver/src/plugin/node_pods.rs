@@ -1,0 +1,443 @@
+//! The pods bound to this node, and their claims read before the kubelet asks for them.
+//!
+//! A prepare needs the claim (its allocation) and the pod it is reserved for (which containers
+//! use it). Read when the kubelet asks, that is two API reads in a row on every prepare. The
+//! kubelet starts a pod only after the scheduler has bound it, and the scheduler binds a pod only
+//! after its claims are allocated and reserved for it: so when a pod shows up bound to this node,
+//! its claims can be read at once, and by the time the kubelet asks they are usually here.
+//!
+//! - One watch of the pods with `spec.nodeName=<this node>`: the API server sends each node only
+//!   its own pods' events (its pod watch cache is indexed by node name, the kubelet's own watch
+//!   relies on it), so a node's traffic follows its own pods. Only pods that name claims are kept,
+//!   and of them only what the container check reads (names, UIDs, which claims each container
+//!   uses): pods cannot change their containers or claims once created.
+//! - Each claim of a pending pod is read once, from the API server's watch cache; it is kept only
+//!   when it is allocated to this node and reserved for that pod, else read again from etcd, and
+//!   dropped when it is another driver's or node's.
+//! - A prepare takes a claim read ahead only when it has the UID the kubelet named and the pod it
+//!   is reserved for is still bound here; anything else is read from the API as before. A claim's
+//!   allocation cannot change while it is reserved, and a claim allocated here is unprepared here
+//!   (which drops what was read ahead) before it can be deallocated, so what is taken is current.
+//!
+//! The cost is in RBAC: `list` and `watch` of pods cannot be narrowed to one node by a role, so a
+//! driver with the pod watch may list every pod of the cluster (it asks only for its own node's).
+//! `--pod-watch=false` (the chart's `podWatch: false`) turns it off, and the role with it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    Container, Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus, ResourceRequirements,
+};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::GetParams;
+use kube::runtime::watcher;
+use tokio::sync::{Semaphore, watch};
+use tokio_util::sync::CancellationToken;
+use vgpu_scheduling::{Namespace, ObjectName, Uid};
+
+use super::claim::{ClaimRef, allocated_here, consumer};
+use super::source::{SourceError, get};
+use crate::metrics::{Metrics, labels};
+
+/// Claims read ahead at once: a relist of a busy node asks for its pods' claims in a burst, and
+/// the API server should not get them all in the same millisecond.
+const CONCURRENT_READS: usize = 4;
+
+/// The pods bound to this node that name claims, and the claims of those pods read ahead.
+#[derive(Clone)]
+pub struct NodePods(Arc<Shared>);
+
+/// What the clones of one [`NodePods`] share.
+struct Shared {
+    driver: String,
+    node: String,
+    store: Mutex<Store>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// What the watch and the reads ahead have found.
+#[derive(Default)]
+struct Store {
+    /// Pods by UID, as [`slim`] keeps them, with the claims already asked for.
+    pods: HashMap<String, PodEntry>,
+    /// While the watch relists: the pods listed so far, which replace `pods` when it is done.
+    relisting: Option<HashMap<String, PodEntry>>,
+    /// Claims read or being read ahead, by `namespace/name`.
+    claims: HashMap<String, Slot>,
+}
+
+/// A pod as kept, and the claims of it read ahead (by name), so an update reads none twice.
+struct PodEntry {
+    pod: Arc<Pod>,
+    asked: Vec<String>,
+}
+
+/// One claim read ahead.
+enum Slot {
+    /// Its read is under way; the sender says when it is done.
+    Reading { done: watch::Receiver<bool> },
+    /// Read, allocated here and reserved for the pod with UID `pod`.
+    Ready { claim: Box<ResourceClaim>, pod: String },
+}
+
+/// One read ahead to start: the claim `namespace/name` of the pod with UID `pod`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Read {
+    namespace: String,
+    name: String,
+    pod: String,
+}
+
+impl NodePods {
+    /// An empty store for the claims of `driver` on `node`.
+    pub fn new(driver: impl Into<String>, node: impl Into<String>, metrics: Option<Arc<Metrics>>) -> Self {
+        Self(Arc::new(Shared { driver: driver.into(), node: node.into(), store: Mutex::default(), metrics }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        // Every update is a few inserts and removes of whole entries: a panic cannot leave one
+        // half-written.
+        self.0.store.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many pods and claims read ahead it holds.
+    pub fn len(&self) -> (usize, usize) {
+        let store = self.lock();
+        (store.pods.len(), store.claims.len())
+    }
+
+    /// The pod `namespace/name` with UID `uid`, when it is bound here and names claims.
+    pub fn pod(&self, namespace: &Namespace, name: &ObjectName, uid: &str) -> Option<Pod> {
+        let store = self.lock();
+        let entry = store.pods.get(uid)?;
+        let meta = &entry.pod.metadata;
+        (meta.namespace.as_deref() == Some(namespace.as_str()) && meta.name.as_deref() == Some(name.as_str()))
+            .then(|| Pod::clone(&entry.pod))
+    }
+
+    /// The claim the kubelet named, when it was read ahead and is still current: same UID, and
+    /// reserved for a pod still bound here. A read under way is waited for, at most `wait`. The
+    /// claim is handed out once; `None` sends the caller to the API.
+    pub async fn take(&self, claim: &ClaimRef, wait: Duration) -> Option<ResourceClaim> {
+        let key = claim.key();
+        let reading = match self.lock().claims.get(&key) {
+            Some(Slot::Reading { done }) => Some(done.clone()),
+            Some(Slot::Ready { .. }) => None,
+            None => return self.count("missed", None),
+        };
+        if let Some(mut done) = reading {
+            // A dropped sender ends the wait too: the read is over either way.
+            let _ = tokio::time::timeout(wait, done.wait_for(|d| *d)).await;
+        }
+        let mut store = self.lock();
+        let taken = match store.claims.remove(&key) {
+            Some(Slot::Ready { claim: found, pod }) => {
+                let current = found.metadata.uid.as_deref() == Some(claim.uid.as_str())
+                    && store.has_pod(&pod)
+                    && consumer(&found).is_some_and(|(_, uid)| uid == pod);
+                current.then_some(*found)
+            }
+            Some(reading @ Slot::Reading { .. }) => {
+                // Still reading after the wait: leave it to finish, and read the API now.
+                store.claims.insert(key, reading);
+                None
+            }
+            None => None,
+        };
+        drop(store);
+        let result = if taken.is_some() { "used" } else { "missed" };
+        self.count(result, taken)
+    }
+
+    fn count<T>(&self, result: &str, value: Option<T>) -> Option<T> {
+        if let Some(m) = &self.0.metrics {
+            m.claim_prefetch.get_or_create(&labels(&[("result", result)])).inc();
+        }
+        value
+    }
+
+    /// Forgets the claim `uid` if it was read ahead (it was unprepared).
+    pub fn forget(&self, uid: &Uid) {
+        self.lock()
+            .claims
+            .retain(|_, slot| !matches!(slot, Slot::Ready { claim, .. } if claim.metadata.uid.as_deref() == Some(uid.as_str())));
+    }
+
+    /// Takes in one watch event; returns the claims to read ahead.
+    fn apply(&self, event: watcher::Event<Pod>) -> Vec<Read> {
+        let mut store = self.lock();
+        let store = &mut *store;
+        match event {
+            watcher::Event::Init => {
+                store.relisting = Some(HashMap::new());
+                Vec::new()
+            }
+            watcher::Event::InitApply(pod) => {
+                let Store { pods, relisting, claims } = store;
+                admit(relisting.get_or_insert_with(HashMap::new), Some(pods), claims, pod)
+            }
+            watcher::Event::InitDone => {
+                if let Some(listed) = store.relisting.take() {
+                    store.pods = listed;
+                }
+                // Claims of pods gone while the watch was down.
+                let pods = &store.pods;
+                store.claims.retain(|_, slot| match slot {
+                    Slot::Ready { pod, .. } => pods.contains_key(pod),
+                    Slot::Reading { .. } => true,
+                });
+                Vec::new()
+            }
+            watcher::Event::Apply(pod) => admit(&mut store.pods, None, &mut store.claims, pod),
+            watcher::Event::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid.as_deref() {
+                    remove(store, uid);
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// Keeps what a read ahead found, when it is ours and its pod is still here.
+    fn offer(&self, read: &Read, found: Option<ResourceClaim>) {
+        let mut store = self.lock();
+        let key = format!("{}/{}", read.namespace, read.name);
+        let keep = found.filter(|c| {
+            allocated_here(c, &self.0.driver, &self.0.node)
+                && consumer(c).is_some_and(|(_, uid)| uid == read.pod)
+                && store.has_pod(&read.pod)
+        });
+        match keep {
+            Some(mut claim) => {
+                claim.metadata.managed_fields = None;
+                store.claims.insert(key, Slot::Ready { claim: Box::new(claim), pod: read.pod.clone() });
+            }
+            None => {
+                store.claims.remove(&key);
+                drop(store);
+                self.count("not_ours", Some(()));
+            }
+        }
+    }
+
+    /// Watches this node's pods and reads their claims ahead, until `cancel`.
+    pub async fn run(self, client: kube::Client, timeout: Duration, cancel: CancellationToken) {
+        let pods: Api<Pod> = Api::all(client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.0.node));
+        let mut events = std::pin::pin!(watcher(pods, config));
+        let permits = Arc::new(Semaphore::new(CONCURRENT_READS));
+        tracing::info!(node = %self.0.node, "watching this node's pods to read their claims ahead");
+        loop {
+            let event = tokio::select! {
+                () = cancel.cancelled() => return,
+                event = events.next() => event,
+            };
+            match event {
+                Some(Ok(event)) => {
+                    if let Some(m) = &self.0.metrics
+                        && matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_))
+                    {
+                        m.pod_events.inc();
+                    }
+                    for read in self.apply(event) {
+                        self.spawn_read(client.clone(), read, timeout, permits.clone(), cancel.clone());
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "pod watch restarts");
+                    if let Some(m) = &self.0.metrics {
+                        m.watch_restarts.get_or_create(&labels(&[("resource", "pods")])).inc();
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Reads one claim ahead on a task of its own (each read has its deadline).
+    fn spawn_read(
+        &self,
+        client: kube::Client,
+        read: Read,
+        timeout: Duration,
+        permits: Arc<Semaphore>,
+        cancel: CancellationToken,
+    ) {
+        let (tx, rx) = watch::channel(false);
+        self.lock().claims.insert(format!("{}/{}", read.namespace, read.name), Slot::Reading { done: rx });
+        let this = self.clone();
+        tokio::spawn(async move {
+            let found = tokio::select! {
+                () = cancel.cancelled() => None,
+                found = async {
+                    let _permit = permits.acquire().await.ok()?;
+                    match this.read_ahead(client, &read, timeout).await {
+                        Ok(found) => found,
+                        Err(e) => {
+                            tracing::debug!(claim = %format!("{}/{}", read.namespace, read.name), error = %e, "claim not read ahead; a prepare reads it");
+                            None
+                        }
+                    }
+                } => found,
+            };
+            this.offer(&read, found);
+            let _ = tx.send(true);
+        });
+    }
+
+    /// The claim of `read`: from the API server's watch cache when that already has it allocated
+    /// here and reserved for the pod; from etcd when the cache may lag (not yet allocated or
+    /// reserved); `None` when it is allocated elsewhere (an allocation does not change).
+    async fn read_ahead(
+        &self,
+        client: kube::Client,
+        read: &Read,
+        timeout: Duration,
+    ) -> Result<Option<ResourceClaim>, SourceError> {
+        let (Ok(namespace), Ok(name)) = (Namespace::new(&read.namespace), ObjectName::new(&read.name)) else {
+            return Ok(None);
+        };
+        let api: Api<ResourceClaim> = Api::namespaced(client, namespace.as_str());
+        let what = || format!("ResourceClaim {namespace}/{name}");
+        let started = tokio::time::Instant::now();
+        let seen = get(&api, &name, &GetParams::any(), timeout, what).await?;
+        match &seen {
+            Some(c) if allocated_here(c, &self.0.driver, &self.0.node) && consumer(c).is_some_and(|(_, u)| u == read.pod) => {
+                return Ok(seen);
+            }
+            Some(c)
+                if c.status.as_ref().is_some_and(|s| s.allocation.is_some())
+                    && !allocated_here(c, &self.0.driver, &self.0.node) =>
+            {
+                return Ok(None);
+            }
+            _ => {}
+        }
+        get(&api, &name, &GetParams::default(), timeout.saturating_sub(started.elapsed()), what).await
+    }
+}
+
+/// Keeps `pod` in `into` when it is bound, names claims and is not on its way out; returns the
+/// claims of a pending pod not asked for yet. A pod leaving drops its claims read ahead.
+fn admit(
+    into: &mut HashMap<String, PodEntry>,
+    previous: Option<&HashMap<String, PodEntry>>,
+    claims: &mut HashMap<String, Slot>,
+    pod: Pod,
+) -> Vec<Read> {
+    let Some(uid) = pod.metadata.uid.clone() else { return Vec::new() };
+    let leaving = pod.metadata.deletion_timestamp.is_some()
+        || pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
+    let names = claim_names(&pod);
+    if leaving || names.is_empty() {
+        into.remove(&uid);
+        drop_claims_of(claims, &uid);
+        return Vec::new();
+    }
+    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|p| p == "Pending");
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let mut asked = into.get(&uid).or_else(|| previous.and_then(|p| p.get(&uid))).map(|e| e.asked.clone()).unwrap_or_default();
+    let mut reads = Vec::new();
+    if pending {
+        for name in names {
+            if !asked.contains(&name) {
+                asked.push(name.clone());
+                reads.push(Read { namespace: namespace.clone(), name, pod: uid.clone() });
+            }
+        }
+    }
+    into.insert(uid, PodEntry { pod: Arc::new(slim(&pod)), asked });
+    reads
+}
+
+/// Forgets the pod `uid` and its claims read ahead.
+fn remove(store: &mut Store, uid: &str) {
+    store.pods.remove(uid);
+    if let Some(listing) = &mut store.relisting {
+        listing.remove(uid);
+    }
+    drop_claims_of(&mut store.claims, uid);
+}
+
+impl Store {
+    /// Whether the pod `uid` is bound here, as last listed or being listed.
+    fn has_pod(&self, uid: &str) -> bool {
+        self.pods.contains_key(uid) || self.relisting.as_ref().is_some_and(|l| l.contains_key(uid))
+    }
+}
+
+/// Drops the claims read ahead for the pod `uid`.
+fn drop_claims_of(claims: &mut HashMap<String, Slot>, uid: &str) {
+    claims.retain(|_, slot| !matches!(slot, Slot::Ready { pod, .. } if pod == uid));
+}
+
+/// The claims `pod` names: by name, or through its status for claims made from templates (the
+/// controller writes their names there before the pod can be scheduled).
+fn claim_names(pod: &Pod) -> Vec<String> {
+    let Some(entries) = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()) else { return Vec::new() };
+    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
+    let mut names: Vec<String> = entries
+        .iter()
+        .filter_map(|e| {
+            e.resource_claim_name
+                .clone()
+                .or_else(|| statuses?.iter().find(|s| s.name == e.name).and_then(|s| s.resource_claim_name.clone()))
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What the container check reads of a pod: its identity, its claims and which containers use
+/// them. Images, environments and the rest are not kept.
+fn slim(pod: &Pod) -> Pod {
+    let containers = |list: Option<&Vec<Container>>| -> Vec<Container> {
+        list.into_iter()
+            .flatten()
+            .map(|c| Container {
+                name: c.name.clone(),
+                resources: c
+                    .resources
+                    .as_ref()
+                    .and_then(|r| r.claims.clone())
+                    .map(|claims| ResourceRequirements { claims: Some(claims), ..Default::default() }),
+                ..Default::default()
+            })
+            .collect()
+    };
+    let spec = pod.spec.as_ref();
+    Pod {
+        metadata: ObjectMeta {
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            uid: pod.metadata.uid.clone(),
+            ..Default::default()
+        },
+        spec: spec.map(|s| PodSpec {
+            containers: containers(Some(&s.containers)),
+            init_containers: s.init_containers.as_ref().map(|c| containers(Some(c))),
+            resource_claims: s.resource_claims.as_ref().map(|c| c.iter().map(PodResourceClaim::clone).collect()),
+            ..Default::default()
+        }),
+        status: pod.status.as_ref().map(|s| PodStatus {
+            resource_claim_statuses: s
+                .resource_claim_statuses
+                .as_ref()
+                .map(|c| c.iter().map(PodResourceClaimStatus::clone).collect()),
+            ..Default::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,200 @@
+use serde_json::json;
+
+use super::*;
+
+const DRIVER: &str = "gpu.example.com";
+const NODE: &str = "node-a";
+
+fn pod(uid: &str, phase: &str, claims: &[(&str, Option<&str>)]) -> Pod {
+    // Each entry: the pod's claim entry name, and its claim's name (`None`: from a template, the
+    // name in the status).
+    let entries: Vec<_> = claims
+        .iter()
+        .map(|(entry, name)| match name {
+            Some(n) => json!({"name": entry, "resourceClaimName": n}),
+            None => json!({"name": entry, "resourceClaimTemplateName": "t"}),
+        })
+        .collect();
+    let statuses: Vec<_> = claims
+        .iter()
+        .filter(|(_, name)| name.is_none())
+        .map(|(entry, _)| json!({"name": entry, "resourceClaimName": format!("{uid}-{entry}")}))
+        .collect();
+    let uses: Vec<_> = claims.iter().map(|(entry, _)| json!({"name": entry})).collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("pod-{uid}"), "namespace": "ns", "uid": uid},
+        "spec": {
+            "nodeName": NODE,
+            "resourceClaims": entries,
+            "containers": [{"name": "main", "image": "secret.example.com/app", "env": [{"name": "TOKEN", "value": "s3cret"}],
+                "resources": {"claims": uses, "limits": {"cpu": "1"}}}],
+        },
+        "status": {"phase": phase, "resourceClaimStatuses": statuses},
+    }))
+    .unwrap()
+}
+
+fn claim(name: &str, uid: &str, pool: &str, reserved_for: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "managedFields": [{"manager": "kube-scheduler"}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "c"}}]}},
+        "status": {
+            "allocation": {"devices": {"results": [{"driver": DRIVER, "pool": pool, "device": "hami-gpu-0", "request": "gpu"}]}},
+            "reservedFor": [{"resource": "pods", "name": format!("pod-{reserved_for}"), "uid": reserved_for}],
+        },
+    }))
+    .unwrap()
+}
+
+fn wanted(name: &str, uid: &str) -> ClaimRef {
+    ClaimRef::new("ns", name, uid).unwrap()
+}
+
+fn read(name: &str, pod: &str) -> Read {
+    Read { namespace: "ns".into(), name: name.into(), pod: pod.into() }
+}
+
+fn store() -> NodePods {
+    NodePods::new(DRIVER, NODE, None)
+}
+
+const WAIT: Duration = Duration::from_millis(100);
+
+#[test]
+fn a_pending_pod_has_each_of_its_claims_read_once() {
+    let pods = store();
+    let p = pod("p1", "Pending", &[("a", Some("direct")), ("b", None), ("c", Some("direct"))]);
+    let mut reads = pods.apply(watcher::Event::Apply(p.clone()));
+    reads.sort_by(|x, y| x.name.cmp(&y.name));
+    assert_eq!(reads, vec![read("direct", "p1"), read("p1-b", "p1")], "by name, through the status, once each");
+    assert!(pods.apply(watcher::Event::Apply(p)).is_empty(), "an update of the pod reads nothing again");
+    // A pod already running was prepared before: kept for the check, its claims not read.
+    assert!(pods.apply(watcher::Event::Apply(pod("p2", "Running", &[("a", Some("other"))]))).is_empty());
+    assert_eq!(pods.len().0, 2);
+    // Pods without claims are not kept at all.
+    assert!(pods.apply(watcher::Event::Apply(pod("p3", "Pending", &[]))).is_empty());
+    assert_eq!(pods.len().0, 2);
+}
+
+#[test]
+fn only_what_the_container_check_reads_of_a_pod_is_kept() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", None)])));
+    let (ns, name) = (Namespace::new("ns").unwrap(), ObjectName::new("pod-p1").unwrap());
+    let kept = pods.pod(&ns, &name, "p1").expect("kept");
+    assert!(pods.pod(&ns, &name, "another-uid").is_none(), "the UID must match");
+    assert!(pods.pod(&Namespace::new("other").unwrap(), &name, "p1").is_none(), "and the namespace");
+    let text = serde_json::to_string(&kept).unwrap();
+    for secret in ["s3cret", "secret.example.com", "cpu"] {
+        assert!(!text.contains(secret), "{secret} kept: {text}");
+    }
+    let uses = super::super::containers::uses_of(&kept, "p1-a");
+    assert_eq!(uses.len(), 1, "the check still sees which container uses the claim: {text}");
+    assert_eq!(uses[0].container, "main");
+}
+
+#[tokio::test]
+async fn a_claim_read_ahead_is_handed_out_once_and_only_when_current() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    assert!(pods.take(&wanted("c1", "u-other"), WAIT).await.is_none(), "another UID (the claim was recreated)");
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "a refused entry is gone, not kept for later");
+
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    let taken = pods.take(&wanted("c1", "u1"), WAIT).await.expect("current");
+    assert!(taken.metadata.managed_fields.is_none(), "field managers are not kept");
+    assert!(allocated_here(&taken, DRIVER, NODE), "the allocation is kept: the prepare uses it");
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "handed out once");
+
+    // Not kept: another node's, another driver's, reserved for another pod, not allocated.
+    for found in [
+        claim("c1", "u1", "node-b", "p1"),
+        claim("c1", "u1", NODE, "p9"),
+        serde_json::from_value(json!({"metadata": {"name": "c1", "namespace": "ns", "uid": "u1"}, "spec": {}})).unwrap(),
+        {
+            let mut c = claim("c1", "u1", NODE, "p1");
+            c.status.as_mut().unwrap().allocation.as_mut().unwrap().devices.as_mut().unwrap().results.as_mut().unwrap()[0]
+                .driver = "other.example.com".into();
+            c
+        },
+    ] {
+        pods.offer(&read("c1", "p1"), Some(found.clone()));
+        assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "{found:?}");
+    }
+    pods.offer(&read("c1", "p1"), None);
+    assert_eq!(pods.len().1, 0);
+}
+
+#[tokio::test]
+async fn a_pod_that_leaves_takes_its_claims_read_ahead_with_it() {
+    let pods = store();
+    for (uid, name) in [("p1", "c1"), ("p2", "c2"), ("p3", "c3"), ("p4", "c4")] {
+        pods.apply(watcher::Event::Apply(pod(uid, "Pending", &[("a", Some(name))])));
+        pods.offer(&read(name, uid), Some(claim(name, &format!("u-{name}"), NODE, uid)));
+    }
+    assert_eq!(pods.len(), (4, 4));
+    pods.apply(watcher::Event::Delete(pod("p1", "Pending", &[])));
+    let mut deleting = pod("p2", "Pending", &[("a", Some("c2"))]);
+    deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+    pods.apply(watcher::Event::Apply(deleting));
+    pods.apply(watcher::Event::Apply(pod("p3", "Failed", &[("a", Some("c3"))])));
+    assert_eq!(pods.len(), (1, 1));
+    for (name, uid) in [("c1", "u-c1"), ("c2", "u-c2"), ("c3", "u-c3")] {
+        assert!(pods.take(&wanted(name, uid), WAIT).await.is_none(), "{name}");
+    }
+    // A read that comes back after its pod left is not kept.
+    pods.apply(watcher::Event::Delete(pod("p4", "Pending", &[])));
+    pods.offer(&read("c4", "p4"), Some(claim("c4", "u-c4", NODE, "p4")));
+    assert!(pods.take(&wanted("c4", "u-c4"), WAIT).await.is_none());
+    assert_eq!(pods.len(), (0, 0));
+}
+
+#[tokio::test]
+async fn a_relist_forgets_pods_gone_meanwhile_and_reads_no_claim_twice() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    pods.apply(watcher::Event::Apply(pod("p2", "Pending", &[("a", Some("c2"))])));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    pods.offer(&read("c2", "p2"), Some(claim("c2", "u2", NODE, "p2")));
+    // The watch restarts: p2 was deleted while it was down, p3 is new.
+    assert!(pods.apply(watcher::Event::Init).is_empty());
+    assert!(pods.apply(watcher::Event::InitApply(pod("p1", "Pending", &[("a", Some("c1"))]))).is_empty(), "asked already");
+    assert_eq!(pods.apply(watcher::Event::InitApply(pod("p3", "Pending", &[("a", Some("c3"))]))), vec![read("c3", "p3")]);
+    // A read ahead that ends during the relist is kept for a pod the relist has listed.
+    pods.offer(&read("c3", "p3"), Some(claim("c3", "u3", NODE, "p3")));
+    assert!(pods.apply(watcher::Event::InitDone).is_empty());
+    assert_eq!(pods.len(), (2, 2));
+    assert!(pods.take(&wanted("c2", "u2"), WAIT).await.is_none(), "p2 is gone");
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_some());
+    assert!(pods.take(&wanted("c3", "u3"), WAIT).await.is_some());
+}
+
+#[tokio::test]
+async fn a_prepare_waits_for_a_read_under_way_and_not_longer_than_told() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1")), ("b", Some("c2"))])));
+    for name in ["c1", "c2"] {
+        let (tx, rx) = watch::channel(false);
+        pods.lock().claims.insert(format!("ns/{name}"), Slot::Reading { done: rx });
+        let (store, delay) = (pods.clone(), if name == "c1" { 20 } else { 2_000 });
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            store.offer(&read(name, "p1"), Some(claim(name, &format!("u-{name}"), NODE, "p1")));
+            let _ = tx.send(true);
+        });
+    }
+    let started = std::time::Instant::now();
+    assert!(pods.take(&wanted("c1", "u-c1"), Duration::from_secs(5)).await.is_some(), "the read under way is waited for");
+    assert!(pods.take(&wanted("c2", "u-c2"), Duration::from_millis(50)).await.is_none(), "too slow: the API is read instead");
+    assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
+}
+
+#[test]
+fn an_unprepared_claim_is_forgotten() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    pods.forget(&Uid::new("u1").unwrap());
+    assert_eq!(pods.len(), (1, 0));
+}
