@@ -15,9 +15,11 @@
 //!   when it is allocated to this node and reserved for that pod, else read again from etcd, and
 //!   dropped when it is another driver's or node's.
 //! - A prepare takes a claim read ahead only when it has the UID the kubelet named and the pod it
-//!   is reserved for is still bound here; anything else is read from the API as before. A claim's
-//!   allocation cannot change while it is reserved, and a claim allocated here is unprepared here
-//!   (which drops what was read ahead) before it can be deallocated, so what is taken is current.
+//!   is reserved for is still bound here and not on its way out; anything else is read from the
+//!   API as before. A claim cannot be deallocated (nor so reallocated) while it is reserved, and
+//!   its reservation for a pod ends only when that pod is deleted or has finished, which this
+//!   watch sees and which drops what was read ahead for it. So a retried prepare, or one after an
+//!   unprepare for the same live pod, takes the same claim again.
 //!
 //! The cost is in RBAC: `list` and `watch` of pods cannot be narrowed to one node by a role, so a
 //! driver with the pod watch may list every pod of the cluster (it asks only for its own node's).
@@ -31,14 +33,14 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
     Container, Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus, ResourceRequirements,
 };
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::GetParams;
 use kube::runtime::watcher;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
-use vgpu_scheduling::{Namespace, ObjectName, Uid};
+use vgpu_scheduling::{Namespace, ObjectName};
 
 use super::claim::{ClaimRef, allocated_here, consumer};
 use super::source::{SourceError, get};
@@ -71,9 +73,13 @@ struct Store {
     claims: HashMap<String, Slot>,
 }
 
-/// A pod as kept, and the claims of it read ahead (by name), so an update reads none twice.
+/// A pod as kept (as JSON: a parsed `Pod` takes several kilobytes even when nearly empty, and a
+/// node may hold many pending pods), and the claims of it read ahead (by name), so an update
+/// reads none twice.
 struct PodEntry {
-    pod: Arc<Pod>,
+    namespace: String,
+    name: String,
+    json: Box<[u8]>,
     asked: Vec<String>,
 }
 
@@ -81,8 +87,9 @@ struct PodEntry {
 enum Slot {
     /// Its read is under way; the sender says when it is done.
     Reading { done: watch::Receiver<bool> },
-    /// Read, allocated here and reserved for the pod with UID `pod`.
-    Ready { claim: Box<ResourceClaim>, pod: String },
+    /// Read with UID `uid`, allocated here and reserved for the pod with UID `pod`; kept as JSON
+    /// until a prepare takes it (the same reason as for pods).
+    Ready { uid: String, pod: String, json: Box<[u8]> },
 }
 
 /// One read ahead to start: the claim `namespace/name` of the pod with UID `pod`.
@@ -115,14 +122,15 @@ impl NodePods {
     pub fn pod(&self, namespace: &Namespace, name: &ObjectName, uid: &str) -> Option<Pod> {
         let store = self.lock();
         let entry = store.pods.get(uid)?;
-        let meta = &entry.pod.metadata;
-        (meta.namespace.as_deref() == Some(namespace.as_str()) && meta.name.as_deref() == Some(name.as_str()))
-            .then(|| Pod::clone(&entry.pod))
+        if entry.namespace != namespace.as_str() || entry.name != name.as_str() {
+            return None;
+        }
+        serde_json::from_slice(&entry.json).ok()
     }
 
     /// The claim the kubelet named, when it was read ahead and is still current: same UID, and
-    /// reserved for a pod still bound here. A read under way is waited for, at most `wait`. The
-    /// claim is handed out once; `None` sends the caller to the API.
+    /// reserved for a pod still bound here (its allocation cannot change while that holds). A
+    /// read under way is waited for, at most `wait`. `None` sends the caller to the API.
     pub async fn take(&self, claim: &ClaimRef, wait: Duration) -> Option<ResourceClaim> {
         let key = claim.key();
         let reading = match self.lock().claims.get(&key) {
@@ -135,19 +143,17 @@ impl NodePods {
             let _ = tokio::time::timeout(wait, done.wait_for(|d| *d)).await;
         }
         let mut store = self.lock();
-        let taken = match store.claims.remove(&key) {
-            Some(Slot::Ready { claim: found, pod }) => {
-                let current = found.metadata.uid.as_deref() == Some(claim.uid.as_str())
-                    && store.has_pod(&pod)
-                    && consumer(&found).is_some_and(|(_, uid)| uid == pod);
-                current.then_some(*found)
+        let taken = match store.claims.get(&key) {
+            Some(Slot::Ready { uid, pod, json }) if uid == claim.uid.as_str() && store.has_pod(pod) => {
+                serde_json::from_slice(json).ok()
             }
-            Some(reading @ Slot::Reading { .. }) => {
-                // Still reading after the wait: leave it to finish, and read the API now.
-                store.claims.insert(key, reading);
+            Some(Slot::Ready { .. }) => {
+                // Another UID (the claim was made anew), or its pod left: never current again.
+                store.claims.remove(&key);
                 None
             }
-            None => None,
+            // Still reading after the wait: left to finish, and the API is read now.
+            Some(Slot::Reading { .. }) | None => None,
         };
         drop(store);
         let result = if taken.is_some() { "used" } else { "missed" };
@@ -159,13 +165,6 @@ impl NodePods {
             m.claim_prefetch.get_or_create(&labels(&[("result", result)])).inc();
         }
         value
-    }
-
-    /// Forgets the claim `uid` if it was read ahead (it was unprepared).
-    pub fn forget(&self, uid: &Uid) {
-        self.lock()
-            .claims
-            .retain(|_, slot| !matches!(slot, Slot::Ready { claim, .. } if claim.metadata.uid.as_deref() == Some(uid.as_str())));
     }
 
     /// Takes in one watch event; returns the claims to read ahead.
@@ -212,10 +211,13 @@ impl NodePods {
                 && consumer(c).is_some_and(|(_, uid)| uid == read.pod)
                 && store.has_pod(&read.pod)
         });
-        match keep {
-            Some(mut claim) => {
-                claim.metadata.managed_fields = None;
-                store.claims.insert(key, Slot::Ready { claim: Box::new(claim), pod: read.pod.clone() });
+        let kept = keep.and_then(|claim| {
+            let uid = claim.metadata.uid.clone()?;
+            Some(Slot::Ready { uid, pod: read.pod.clone(), json: serde_json::to_vec(&slim_claim(claim)).ok()?.into() })
+        });
+        match kept {
+            Some(slot) => {
+                store.claims.insert(key, slot);
             }
             None => {
                 store.claims.remove(&key);
@@ -355,7 +357,9 @@ fn admit(
             }
         }
     }
-    into.insert(uid, PodEntry { pod: Arc::new(slim(&pod)), asked });
+    let Ok(json) = serde_json::to_vec(&slim(&pod)) else { return Vec::new() };
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    into.insert(uid, PodEntry { namespace, name, json: json.into(), asked });
     reads
 }
 
@@ -396,6 +400,26 @@ fn claim_names(pod: &Pod) -> Vec<String> {
     names.sort();
     names.dedup();
     names
+}
+
+/// What a prepare reads of a claim: its identity, its requests and configuration, its allocation
+/// and whom it is reserved for. Field managers, labels and the devices' status are not kept.
+fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
+    let status = claim.status.map(|s| ResourceClaimStatus {
+        allocation: s.allocation,
+        reserved_for: s.reserved_for,
+        ..Default::default()
+    });
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: claim.metadata.name,
+            namespace: claim.metadata.namespace,
+            uid: claim.metadata.uid,
+            ..Default::default()
+        },
+        spec: claim.spec,
+        status,
+    }
 }
 
 /// What the container check reads of a pod: its identity, its claims and which containers use

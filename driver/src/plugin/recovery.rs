@@ -77,6 +77,7 @@ impl State {
             node,
             fail_at: None,
             toolkit: Arc::new(ToolkitIndex::default()),
+            spares: Arc::default(),
             options,
             storage,
         };
@@ -87,6 +88,7 @@ impl State {
         state.rebuild_ledger(&published).await;
         state.report_overcommitted().await;
         state.repair_specs().await;
+        state.make_spares();
         Ok(state)
     }
 

@@ -4,8 +4,10 @@
 //! the kubelet waits 45 s for a batch, and claims already prepared need no API at all.
 //!
 //! A node reads only its own claims, so its API traffic and memory follow the claims of this node,
-//! not of the cluster (no watch of all claims; the ServiceAccount needs `get` on claims only). A
-//! claim is first read with `resourceVersion=0`, which the API server answers from its watch
+//! not of the cluster (no watch of all claims; the ServiceAccount needs `get` on claims only).
+//! With the pod watch ([`NodePods`]) most claims and pods were read ahead when their pod was bound
+//! here, and a prepare takes them from there; what it lacks is read as follows. A claim is first
+//! read with `resourceVersion=0`, which the API server answers from its watch
 //! cache without a round trip to etcd; that answer may lag, so it is taken only when it is the
 //! claim asked for (same UID) and allocated to this node. Anything else (not found, another UID,
 //! not allocated here yet) is read again from etcd (a quorum GET) before the caller acts on it:
@@ -196,14 +198,27 @@ impl ClaimSource {
 
     /// Forgets what was read of the claim `uid` (it was unprepared).
     pub fn forget(&self, uid: &Uid) {
-        if let Self::Api { cache, node_pods, .. } = self {
-            if let Some(cache) = cache {
-                cache.lock().remove(uid);
-            }
-            if let Some(pods) = node_pods {
-                pods.forget(uid);
-            }
+        if let Self::Api { cache: Some(cache), .. } = self {
+            cache.lock().remove(uid);
         }
+    }
+
+    /// The claim the kubelet asks to prepare: as read ahead when its pod was bound here (see
+    /// [`NodePods::take`]), else as [`ClaimSource::claim`] reads it. The periodic checks use
+    /// [`ClaimSource::claim`], which always asks the API.
+    ///
+    /// # Errors
+    /// As [`ClaimSource::claim`].
+    pub async fn claim_to_prepare(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, SourceError> {
+        if let Self::Api { cache, timeout, node_pods: Some(pods), .. } = self
+            && let Some(ahead) = pods.take(claim, *timeout).await
+        {
+            if let Some(cache) = cache {
+                cache.update(claim, Some(&ahead));
+            }
+            return Ok(Some(ahead));
+        }
+        self.claim(claim).await
     }
 
     /// The claim named by `claim` (whatever its UID: the caller compares), read now: from the
@@ -213,17 +228,9 @@ impl ClaimSource {
     /// # Errors
     /// [`SourceError`] when the API does not answer in time or answers with an error.
     pub async fn claim(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, SourceError> {
-        let Self::Api { client, cache, timeout, node_pods } = self else {
+        let Self::Api { client, cache, timeout, .. } = self else {
             return self.claim_by_name(&claim.namespace, &claim.name).await;
         };
-        if let Some(pods) = node_pods
-            && let Some(ahead) = pods.take(claim, *timeout).await
-        {
-            if let Some(cache) = cache {
-                cache.update(claim, Some(&ahead));
-            }
-            return Ok(Some(ahead));
-        }
         let api: Api<ResourceClaim> = Api::namespaced(client.clone(), claim.namespace.as_str());
         let what = || format!("ResourceClaim {}/{}", claim.namespace, claim.name);
         let Some(cache) = cache else {

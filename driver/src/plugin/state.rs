@@ -194,12 +194,24 @@ pub struct StateOptions {
     pub host_dirs: bool,
     /// How long a prepared claim must be gone from the API before its share is released.
     pub deleted_claim_grace: Duration,
+    /// Temp files for this many claims' records and specs made ahead, between prepares: a new
+    /// file can take a millisecond on a disk with many recent deletes (ext4 without a journal),
+    /// and a prepare whose claim was read ahead has no API read to make them beside. 0: each
+    /// prepare makes its own while it reads its claim.
+    pub spare_files: usize,
 }
 
 impl Default for StateOptions {
     fn default() -> Self {
-        Self { host_dirs: true, deleted_claim_grace: Duration::from_secs(300) }
+        Self { host_dirs: true, deleted_claim_grace: Duration::from_secs(300), spare_files: 0 }
     }
+}
+
+/// Temp files made ahead for the next prepares, and how many are being made.
+#[derive(Default)]
+pub(super) struct Spares {
+    files: Vec<(crate::fsutil::Reserved, cdi_spec::ReservedSpec)>,
+    making: usize,
 }
 
 /// The plugin's state.
@@ -215,6 +227,9 @@ pub struct State {
     /// Where files go. Fixed paths, so read without the lock (to stage files and scan the
     /// toolkit's specs); what is visible there changes only while the lock is held.
     pub(super) storage: Storage,
+    /// Temp files made ahead ([`StateOptions::spare_files`]); invisible to the kubelet and the
+    /// runtime, removed when dropped, and by start-up after a crash.
+    pub(super) spares: Arc<std::sync::Mutex<Spares>>,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether
@@ -309,6 +324,12 @@ impl Stager {
     }
 }
 
+/// The spare files; a panic while they were held cannot leave them half-updated (one push, pop
+/// or counter change at a time).
+fn lock_spares(spares: &std::sync::Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
+    spares.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The output of a finished blocking task; its panic goes on in the caller.
 fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
     result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
@@ -373,7 +394,7 @@ impl State {
     /// Reads `claim` and works out its shares and spec, with the claim and the devices they
     /// were worked out from.
     async fn entry_for(&self, claim: &ClaimRef) -> Result<(PreparedClaim, ResourceClaim, Vec<PublishedDevice>), PrepareError> {
-        let object = self.claims.claim(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
+        let object = self.claims.claim_to_prepare(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
         let published = self.published()?;
         let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
         let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
@@ -382,16 +403,51 @@ impl State {
         Ok((PreparedClaim { claim: claim.clone(), devices, spec }, object, published))
     }
 
-    /// Starts a new claim's [`Stager`].
+    /// Starts a new claim's [`Stager`], with spare files when there are some.
     fn stager(&self) -> Stager {
         let storage = (self.storage.checkpoint.clone(), self.storage.specs.clone());
         let (checkpoint, specs) = storage.clone();
         let toolkit = self.toolkit_lookup();
+        let spare = lock_spares(&self.spares).files.pop();
         let work = tokio::task::spawn_blocking(move || {
             let toolkit = toolkit.map(|lookup| lookup()).unwrap_or_default();
-            (toolkit, (checkpoint.reserve(), specs.reserve()))
+            let files = match spare {
+                Some((record, spec)) => (Ok(record), Ok(spec)),
+                None => (checkpoint.reserve(), specs.reserve()),
+            };
+            (toolkit, files)
         });
+        self.make_spares();
         Stager { work, storage }
+    }
+
+    /// Makes temp files for the next prepares on blocking threads, up to
+    /// [`StateOptions::spare_files`]; no prepare waits for them.
+    pub(super) fn make_spares(&self) {
+        let mut spares = lock_spares(&self.spares);
+        let missing = self.options.spare_files.saturating_sub(spares.files.len() + spares.making);
+        spares.making += missing;
+        drop(spares);
+        for _ in 0..missing {
+            let (checkpoint, specs, pool) = (self.storage.checkpoint.clone(), self.storage.specs.clone(), self.spares.clone());
+            tokio::task::spawn_blocking(move || {
+                let made = (checkpoint.reserve(), specs.reserve());
+                let mut spares = lock_spares(&pool);
+                spares.making -= 1;
+                match made {
+                    (Ok(record), Ok(spec)) => spares.files.push((record, spec)),
+                    (record, spec) => {
+                        drop(spares);
+                        if let Err(e) = &record {
+                            tracing::debug!(error = %chain(e), "no spare record file; prepares make their own");
+                        }
+                        if let Err(e) = &spec {
+                            tracing::debug!(error = %chain(e), "no spare spec file; prepares make their own");
+                        }
+                    }
+                }
+            });
+        }
     }
 
     /// Admits a checked claim and makes its staged files visible, under the lock.

@@ -343,3 +343,49 @@ async fn a_failed_write_leaves_no_directory_record_or_share() {
     std::fs::remove_dir(&target).unwrap();
     state.prepare(&cref("c1", 1)).await.unwrap();
 }
+
+/// The temp files in the node's checkpoint and CDI directories.
+fn temp_files(node: &Node) -> usize {
+    node.files().iter().filter(|f| f.starts_with('.')).count()
+}
+
+/// Waits until `check` holds for the temp files of `node` (spares are made on blocking threads).
+async fn temp_files_become(node: &Node, what: &str, check: impl Fn(usize) -> bool) {
+    for _ in 0..200 {
+        if check(temp_files(node)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: {:?}", node.files());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spare_temp_files_are_made_ahead_used_by_prepares_and_removed_with_the_state() {
+    let node = Node::new();
+    let claims: Vec<ResourceClaim> =
+        (1..=5).map(|n| claim(&format!("c{n}"), n, &[&share("hami-gpu-0", "gpu", n, "1Gi", 10)], None)).collect();
+    let elsewhere: ResourceClaim = serde_saphyr::from_str(&format!(
+        "metadata: {{name: c9, namespace: ns, uid: {}}}\nspec: {{}}\nstatus:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: n2, device: hami-gpu-0, request: gpu}}\n",
+        uid(9)
+    ))
+    .unwrap();
+    let options = StateOptions { spare_files: 2, ..StateOptions::default() };
+    let all = claims.iter().cloned().chain([elsewhere]).collect();
+    let state = node.state_with(fixed(all, vec![]), SharingConfig::default(), options).await;
+    // Two claims' worth: a record's and a spec's temp file each.
+    temp_files_become(&node, "spares made at start", |n| n == 4).await;
+    for n in 1..=5 {
+        state.prepare(&cref(&format!("c{n}"), n)).await.unwrap();
+        assert!(temp_files(&node) <= 4, "never more than the spares: {:?}", node.files());
+    }
+    assert!(state.prepare(&cref("c9", 9)).await.is_err(), "another node's claim");
+    temp_files_become(&node, "spares made again, and a refused claim's files gone", |n| n == 4).await;
+    assert_eq!(state.prepared_count().await, 5);
+    for n in 1..=5 {
+        let spec = node.specs().read(&uid(n)).unwrap().unwrap();
+        assert_eq!(env(&spec, "CUDA_DEVICE_MEMORY_LIMIT_0").as_deref(), Some("1024m"), "c{n}'s spec is whole");
+    }
+    drop(state);
+    temp_files_become(&node, "the spares removed with the state", |n| n == 0).await;
+}

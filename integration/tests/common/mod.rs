@@ -48,7 +48,20 @@ impl Dirs {
             .map_or(0, |d| d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().contains(uid)).count())
     }
 
-    /// Hidden files (the temp files of a write not yet renamed) in the CDI and checkpoint dirs.
+    /// Temp files with something written in them: a record or spec staged and not yet renamed.
+    /// (The driver keeps empty ones made ahead for the next prepares.)
+    pub fn written_temp_files(&self) -> Vec<String> {
+        [self.cdi.clone(), self.checkpoint()]
+            .iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flat_map(|d| d.filter_map(Result::ok))
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.') && e.metadata().is_ok_and(|m| m.len() > 0))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Hidden files (the temp files of a write not yet renamed, and empty ones the driver made
+    /// ahead) in the CDI and checkpoint dirs.
     pub fn temp_files(&self) -> Vec<String> {
         [self.cdi.clone(), self.checkpoint()]
             .iter()

@@ -94,18 +94,17 @@ fn only_what_the_container_check_reads_of_a_pod_is_kept() {
 }
 
 #[tokio::test]
-async fn a_claim_read_ahead_is_handed_out_once_and_only_when_current() {
+async fn a_claim_read_ahead_is_handed_out_while_current_and_never_after() {
     let pods = store();
     pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
-    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
-    assert!(pods.take(&wanted("c1", "u-other"), WAIT).await.is_none(), "another UID (the claim was recreated)");
-    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "a refused entry is gone, not kept for later");
-
     pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
     let taken = pods.take(&wanted("c1", "u1"), WAIT).await.expect("current");
     assert!(taken.metadata.managed_fields.is_none(), "field managers are not kept");
     assert!(allocated_here(&taken, DRIVER, NODE), "the allocation is kept: the prepare uses it");
-    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "handed out once");
+    assert_eq!(pods.take(&wanted("c1", "u1"), WAIT).await, Some(taken), "a retry takes it again while its pod is bound");
+    assert!(pods.take(&wanted("c1", "u-other"), WAIT).await.is_none(), "another UID: the claim was made anew");
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "and what was read of the old one is gone");
+    assert!(pods.take(&wanted("c9", "u9"), WAIT).await.is_none(), "never read");
 
     // Not kept: another node's, another driver's, reserved for another pod, not allocated.
     for found in [
@@ -188,13 +187,4 @@ async fn a_prepare_waits_for_a_read_under_way_and_not_longer_than_told() {
     assert!(pods.take(&wanted("c1", "u-c1"), Duration::from_secs(5)).await.is_some(), "the read under way is waited for");
     assert!(pods.take(&wanted("c2", "u-c2"), Duration::from_millis(50)).await.is_none(), "too slow: the API is read instead");
     assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
-}
-
-#[test]
-fn an_unprepared_claim_is_forgotten() {
-    let pods = store();
-    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
-    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
-    pods.forget(&Uid::new("u1").unwrap());
-    assert_eq!(pods.len(), (1, 0));
 }
