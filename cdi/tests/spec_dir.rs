@@ -228,3 +228,20 @@ fn anything_but_a_regular_file_under_our_names_is_reported_never_read_or_removed
     assert_eq!(dir.remove_stale_temps().unwrap(), 0);
     assert!(tmp.path().join(".cdi-tmp-dir").is_dir());
 }
+
+#[test]
+fn a_reserved_temp_file_knows_when_its_directory_was_emptied() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = SpecDir::new(dir.path().join("cdi"), kind());
+    let reserved = specs.reserve().unwrap();
+    assert!(reserved.still_there());
+    // What a reboot or an admin does to /var/run/cdi.
+    for entry in fs::read_dir(dir.path().join("cdi")).unwrap() {
+        fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    assert!(!reserved.still_there());
+    let fresh = specs.reserve().unwrap();
+    assert!(fresh.still_there());
+    specs.stage_in(fresh, "c1", &claim_spec("c1", &[("hami-gpu-0", 0)])).unwrap().commit().unwrap();
+    assert_eq!(specs.read("c1").unwrap(), Some(claim_spec("c1", &[("hami-gpu-0", 0)])));
+}

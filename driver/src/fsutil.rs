@@ -51,6 +51,16 @@ pub struct Reserved {
 }
 
 impl Reserved {
+    /// Whether the temp file is still in its directory under its name (someone may have emptied
+    /// the directory since it was made, and a rename of it would then fail).
+    pub fn still_there(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match (std::fs::symlink_metadata(self.tmp.path()), self.tmp.as_file().metadata()) {
+            (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+            _ => false,
+        }
+    }
+
     /// Writes `body` with permission bits `mode` and fsyncs it, for [`Staged::commit`] to rename
     /// over `path`.
     ///
@@ -148,6 +158,20 @@ mod tests {
         assert_eq!(std::fs::read(&target).unwrap(), b"body");
         assert_eq!(std::fs::metadata(&target).unwrap().permissions().mode() & 0o7777, 0o640);
         assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_reserved_file_knows_when_its_name_is_gone_or_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let kept = reserve(dir.path()).unwrap();
+        assert!(kept.still_there());
+        let (removed, replaced) = (reserve(dir.path()).unwrap(), reserve(dir.path()).unwrap());
+        std::fs::remove_file(removed.tmp.path()).unwrap();
+        std::fs::remove_file(replaced.tmp.path()).unwrap();
+        std::fs::write(replaced.tmp.path(), b"another file under the same name").unwrap();
+        assert!(!removed.still_there(), "removed");
+        assert!(!replaced.still_there(), "another file now has its name");
+        assert!(kept.still_there());
     }
 
     #[test]

@@ -358,12 +358,16 @@ fn check(seen: &Seen, pod: &str, uid: u32, card: &str, cache: &str) -> anyhow::R
     Ok(())
 }
 
-/// The node's CDI spec files, with their contents.
+/// The node's CDI spec files, with their contents (not the hidden temp files the driver keeps
+/// for its next prepares, which no runtime reads).
 fn spec_files(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
     let mut files = BTreeMap::new();
     for entry in std::fs::read_dir(node.cdi_dir())? {
         let entry = entry?;
-        files.insert(entry.file_name().to_string_lossy().into_owned(), std::fs::read_to_string(entry.path())?);
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') {
+            files.insert(name, std::fs::read_to_string(entry.path())?);
+        }
     }
     Ok(files)
 }

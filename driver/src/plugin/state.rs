@@ -412,8 +412,9 @@ impl State {
         let work = tokio::task::spawn_blocking(move || {
             let toolkit = toolkit.map(|lookup| lookup()).unwrap_or_default();
             let files = match spare {
-                Some((record, spec)) => (Ok(record), Ok(spec)),
-                None => (checkpoint.reserve(), specs.reserve()),
+                Some((record, spec)) if record.still_there() && spec.still_there() => (Ok(record), Ok(spec)),
+                // None, or a spare whose directory was emptied (dropped: what is left is removed).
+                _ => (checkpoint.reserve(), specs.reserve()),
             };
             (toolkit, files)
         });

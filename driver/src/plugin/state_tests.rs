@@ -389,3 +389,26 @@ async fn spare_temp_files_are_made_ahead_used_by_prepares_and_removed_with_the_s
     drop(state);
     temp_files_become(&node, "the spares removed with the state", |n| n == 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_after_the_directories_were_emptied_does_not_use_the_lost_spares() {
+    let node = Node::new();
+    let claims: Vec<ResourceClaim> =
+        (1..=3).map(|n| claim(&format!("c{n}"), n, &[&share("hami-gpu-0", "gpu", n, "1Gi", 10)], None)).collect();
+    let options = StateOptions { spare_files: 2, ..StateOptions::default() };
+    let state = node.state_with(fixed(claims, vec![]), SharingConfig::default(), options).await;
+    temp_files_become(&node, "spares made at start", |n| n == 4).await;
+    // Someone empties the CDI directory (a tmpfs) and the checkpoint's temp files go too.
+    for dir in [node.root.path().join("cdi"), node.checkpoint_dir()] {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+                std::fs::remove_file(path).unwrap();
+            }
+        }
+    }
+    for n in 1..=3 {
+        state.prepare(&cref(&format!("c{n}"), n)).await.unwrap_or_else(|e| panic!("c{n}: {}", e.chain()));
+        assert!(node.specs().read(&uid(n)).unwrap().is_some(), "c{n}");
+    }
+}
