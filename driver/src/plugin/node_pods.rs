@@ -18,8 +18,9 @@
 //!   is reserved for is still bound here and not on its way out; anything else is read from the
 //!   API as before. A claim cannot be deallocated (nor so reallocated) while it is reserved, and
 //!   its reservation for a pod ends only when that pod is deleted or has finished, which this
-//!   watch sees and which drops what was read ahead for it. So a retried prepare, or one after an
-//!   unprepare for the same live pod, takes the same claim again.
+//!   watch sees and which drops what was read ahead for it. An unprepare drops it too, so a
+//!   claim allocated anew for the next pod is read anew even if this watch lags. A retried
+//!   prepare takes the same claim again.
 //!
 //! The cost is in RBAC: `list` and `watch` of pods cannot be narrowed to one node by a role, so a
 //! driver with the pod watch may list every pod of the cluster (it asks only for its own node's).
@@ -40,7 +41,7 @@ use kube::api::GetParams;
 use kube::runtime::watcher;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
-use vgpu_scheduling::{Namespace, ObjectName};
+use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
 use super::claim::{ClaimRef, allocated_here, consumer};
 use super::source::{SourceError, get};
@@ -158,6 +159,13 @@ impl NodePods {
         drop(store);
         let result = if taken.is_some() { "used" } else { "missed" };
         self.count(result, taken)
+    }
+
+    /// Forgets what was read ahead of the claim `uid`: it was unprepared, so its pod is done
+    /// with it, and a claim made for another pod next (a standalone claim can be deallocated
+    /// and allocated again under the same UID) must be read anew, whatever this watch has seen.
+    pub fn forget(&self, uid: &Uid) {
+        self.lock().claims.retain(|_, slot| !matches!(slot, Slot::Ready { uid: read, .. } if read == uid.as_str()));
     }
 
     fn count<T>(&self, result: &str, value: Option<T>) -> Option<T> {

@@ -198,8 +198,13 @@ impl ClaimSource {
 
     /// Forgets what was read of the claim `uid` (it was unprepared).
     pub fn forget(&self, uid: &Uid) {
-        if let Self::Api { cache: Some(cache), .. } = self {
-            cache.lock().remove(uid);
+        if let Self::Api { cache, node_pods, .. } = self {
+            if let Some(cache) = cache {
+                cache.lock().remove(uid);
+            }
+            if let Some(pods) = node_pods {
+                pods.forget(uid);
+            }
         }
     }
 

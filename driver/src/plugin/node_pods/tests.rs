@@ -188,3 +188,15 @@ async fn a_prepare_waits_for_a_read_under_way_and_not_longer_than_told() {
     assert!(pods.take(&wanted("c2", "u-c2"), Duration::from_millis(50)).await.is_none(), "too slow: the API is read instead");
     assert!(started.elapsed() < Duration::from_millis(1_500), "{:?}", started.elapsed());
 }
+
+#[tokio::test]
+async fn an_unprepared_claim_is_read_anew_for_the_next_pod_even_before_the_watch_says_so() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_some());
+    // p1 is done with it; the kubelet unprepares it before this watch hears that p1 finished.
+    pods.forget(&Uid::new("u1").unwrap());
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "the next pod's prepare reads the API");
+    assert_eq!(pods.len(), (1, 0));
+}
