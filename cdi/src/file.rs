@@ -38,6 +38,17 @@ pub fn entry_kind(path: &Path) -> io::Result<EntryKind> {
     })
 }
 
+/// Whether `path` still names the open `file` (same device and inode, the link itself not
+/// followed): false once someone removed or replaced it, when a rename of it would move nothing
+/// or another file.
+pub fn names_open_file(path: &Path, file: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::symlink_metadata(path), file.metadata()) {
+        (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
+        _ => false,
+    }
+}
+
 /// Reads `path` if it is a regular file of at most `max` bytes; `Ok(None)` when it does not
 /// exist. It is opened without following a link and without blocking (a FIFO swapped in after a
 /// directory listing cannot hang the caller), and checked on the open descriptor.

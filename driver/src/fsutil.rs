@@ -54,11 +54,7 @@ impl Reserved {
     /// Whether the temp file is still in its directory under its name (someone may have emptied
     /// the directory since it was made, and a rename of it would then fail).
     pub fn still_there(&self) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        match (std::fs::symlink_metadata(self.tmp.path()), self.tmp.as_file().metadata()) {
-            (Ok(named), Ok(open)) => named.dev() == open.dev() && named.ino() == open.ino(),
-            _ => false,
-        }
+        cdi_spec::file::names_open_file(self.tmp.path(), self.tmp.as_file())
     }
 
     /// Writes `body` with permission bits `mode` and fsyncs it, for [`Staged::commit`] to rename
