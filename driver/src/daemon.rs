@@ -98,12 +98,15 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
         // This node's claims only: read ahead for the pods bound here, else one by one when the
         // kubelet names them; never a watch of the cluster's claims (see `plugin::source`).
         let cache = ClaimCache::new(config.driver_name.to_string(), args.node_name.clone());
-        let mut claims = ClaimSource::api(client.clone()).with_cache(cache);
-        let pod_watch = args.pod_watch.then(|| {
-            let pods = NodePods::new(config.driver_name.to_string(), args.node_name.clone(), Some(metrics.clone()));
-            claims = claims.clone().with_node_pods(pods.clone());
-            tokio::spawn(pods.run(client.clone(), DEFAULT_API_TIMEOUT, cancel.clone()))
-        });
+        let claims = ClaimSource::api(client.clone()).with_cache(cache);
+        let node_pods = args
+            .pod_watch
+            .then(|| NodePods::new(config.driver_name.to_string(), args.node_name.clone(), Some(metrics.clone())));
+        let claims = match &node_pods {
+            Some(pods) => claims.with_node_pods(pods.clone()),
+            None => claims,
+        };
+        let pod_watch = node_pods.map(|pods| tokio::spawn(pods.run(client.clone(), DEFAULT_API_TIMEOUT, cancel.clone())));
         let options = StateOptions {
             deleted_claim_grace: Duration::from_secs(args.deleted_claim_grace_seconds),
             spare_files: SPARE_FILES,

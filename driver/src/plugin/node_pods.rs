@@ -101,6 +101,13 @@ struct Read {
     pod: String,
 }
 
+impl Read {
+    /// `namespace/name`, the key of its [`Slot`] (as [`ClaimRef::key`] makes it for a prepare).
+    fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
 impl NodePods {
     /// An empty store for the claims of `driver` on `node`.
     pub fn new(driver: impl Into<String>, node: impl Into<String>, metrics: Option<Arc<Metrics>>) -> Self {
@@ -213,12 +220,8 @@ impl NodePods {
     /// Keeps what a read ahead found, when it is ours and its pod is still here.
     fn offer(&self, read: &Read, found: Option<ResourceClaim>) {
         let mut store = self.lock();
-        let key = format!("{}/{}", read.namespace, read.name);
-        let keep = found.filter(|c| {
-            allocated_here(c, &self.0.driver, &self.0.node)
-                && consumer(c).is_some_and(|(_, uid)| uid == read.pod)
-                && store.has_pod(&read.pod)
-        });
+        let key = read.key();
+        let keep = found.filter(|c| self.reserved_here_for(c, &read.pod) && store.has_pod(&read.pod));
         let kept = keep.and_then(|claim| {
             let uid = claim.metadata.uid.clone()?;
             Some(Slot::Ready { uid, pod: read.pod.clone(), json: serde_json::to_vec(&slim_claim(claim)).ok()?.into() })
@@ -233,6 +236,11 @@ impl NodePods {
                 self.count("not_ours", Some(()));
             }
         }
+    }
+
+    /// Whether `claim` is allocated to this node and reserved for the pod with UID `pod`.
+    fn reserved_here_for(&self, claim: &ResourceClaim, pod: &str) -> bool {
+        allocated_here(claim, &self.0.driver, &self.0.node) && consumer(claim).is_some_and(|(_, uid)| uid == pod)
     }
 
     /// Watches this node's pods and reads their claims ahead, until `cancel`.
@@ -283,7 +291,7 @@ impl NodePods {
         cancel: CancellationToken,
     ) {
         let (tx, rx) = watch::channel(false);
-        self.lock().claims.insert(format!("{}/{}", read.namespace, read.name), Slot::Reading { done: rx });
+        self.lock().claims.insert(read.key(), Slot::Reading { done: rx });
         let this = self.clone();
         tokio::spawn(async move {
             let found = tokio::select! {
@@ -293,7 +301,7 @@ impl NodePods {
                     match this.read_ahead(client, &read, timeout).await {
                         Ok(found) => found,
                         Err(e) => {
-                            tracing::debug!(claim = %format!("{}/{}", read.namespace, read.name), error = %e, "claim not read ahead; a prepare reads it");
+                            tracing::debug!(claim = %read.key(), error = %e, "claim not read ahead; a prepare reads it");
                             None
                         }
                     }
@@ -321,7 +329,7 @@ impl NodePods {
         let started = tokio::time::Instant::now();
         let seen = get(&api, &name, &GetParams::any(), timeout, what).await?;
         match &seen {
-            Some(c) if allocated_here(c, &self.0.driver, &self.0.node) && consumer(c).is_some_and(|(_, u)| u == read.pod) => {
+            Some(c) if self.reserved_here_for(c, &read.pod) => {
                 return Ok(seen);
             }
             Some(c)
