@@ -24,6 +24,10 @@ KUEUE_V019_VERSION="${KUEUE_V019_VERSION:-v0.19.2}"
 # Volcano: its scheduler, controllers and admission webhook, and its CRDs.
 VOLCANO_VERSION="${VOLCANO_VERSION:-v1.15.1}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Upstream sources the module proxy refuses, kept unchanged beside the repository with their
+# checksums (the workspace's shared/third_party): used only where the proxy fails.
+VOLCANO_APIS_TARBALLS="${VOLCANO_APIS_TARBALLS:-$HERE/../../../shared/third_party/volcano-apis}"
+if [[ -d "$VOLCANO_APIS_TARBALLS" ]]; then VOLCANO_APIS_TARBALLS="$(cd "$VOLCANO_APIS_TARBALLS" && pwd)"; fi
 
 log() { echo "k8s-build: $*" >&2; }
 # shellcheck source=common.sh
@@ -192,14 +196,41 @@ build_kueue_manager() {
 # CRDs (crds/: batch, bus, scheduling, topology, flow, ...), which other tests use without Volcano.
 # A dependent module does not inherit Volcano's replace directives (the k8s.io staging modules at
 # v0.0.0), so they are read from the release's own go.mod. The one to a path inside Volcano's
-# repository, its staging volcano.sh/apis, is not in the module: the version the release requires
-# is taken from the Go module proxy, or, where the proxy does not serve it, from VOLCANO_APIS_DIR
-# (a copy of staging/src/volcano.sh/apis at the release's tag). Such a build is cached apart
-# (suffix -local-apis) and used only while VOLCANO_APIS_DIR is set, so that a machine that has it
-# never passes for one that can build Volcano by itself. When neither is to be had, Volcano's
-# binaries are left out: `volcano-unavailable=<why>` is printed instead, and only the tests that
-# run Volcano fail, with that reason.
+# repository, its staging volcano.sh/apis, is not in the module. The version the release requires
+# comes from the first of: VOLCANO_APIS_DIR (a copy of staging/src/volcano.sh/apis at the release's
+# tag), the Go module proxy, the workspace's checked tarball of it (VOLCANO_APIS_TARBALLS). A build
+# with a local copy is cached apart (suffix -local-apis for VOLCANO_APIS_DIR, -vendored-apis for
+# the tarball), so that one never passes for a build from the proxy. When none is to be had,
+# Volcano's binaries are left out: `volcano-unavailable=<why>` is printed instead, and only the
+# tests that run Volcano fail, with that reason.
 volcano_unavailable=""
+
+# volcano.sh/apis at version $1 from the workspace's third-party copy (a tarball of Volcano's
+# staging/src/volcano.sh/apis at the release tag, with SHA256SUMS; see its README), for a proxy
+# that refuses the module. The tarball is checked against SHA256SUMS and unpacked into the cache,
+# never into the repository; prints the unpacked directory. Fails (printing nothing) when there
+# is no such tarball or its checksum does not match.
+vendored_volcano_apis() {
+	local version="$1" name="volcano.sh-apis-$1" sum dest
+	local tarball="$VOLCANO_APIS_TARBALLS/$name.tar.gz"
+	[[ -f "$tarball" && -f "$VOLCANO_APIS_TARBALLS/SHA256SUMS" ]] || return 1
+	sum="$(awk -v f="$name.tar.gz" '$2 == f || $2 == "*" f {print $1; exit}' "$VOLCANO_APIS_TARBALLS/SHA256SUMS")"
+	[[ -n "$sum" ]] || { log "$VOLCANO_APIS_TARBALLS/SHA256SUMS lists no $name.tar.gz"; return 1; }
+	if [[ "$(sha256sum <"$tarball" | cut -d' ' -f1)" != "$sum" ]]; then
+		log "$tarball does not match its SHA256SUMS entry: not used"
+		return 1
+	fi
+	# Keyed by the checksum: a different tarball of the same version is unpacked anew.
+	dest="$CACHE/src/volcano-apis-$version-${sum:0:16}"
+	if ! [[ -f "$dest/go.mod" ]]; then
+		rm -rf "$dest.tmp" && mkdir -p "$dest.tmp"
+		tar -xzf "$tarball" -C "$dest.tmp" --strip-components=1 "$name" >&2 || { log "unpacking $tarball failed"; return 1; }
+		[[ -f "$dest.tmp/go.mod" ]] || { log "$tarball has no $name/go.mod"; return 1; }
+		rm -rf "$dest" && mv "$dest.tmp" "$dest"
+	fi
+	echo "$dest"
+}
+
 build_volcano() {
 	local info gomod dir sha go_line apis_version apis_replace exe_dir="$volcano_bin"
 	if ! [[ -d "$volcano_bin/crds" && -f "$volcano_bin/volcano-development.yaml" ]]; then
@@ -217,18 +248,27 @@ build_volcano() {
 		rm -rf "$volcano_bin" && mv "$volcano_bin.tmp" "$volcano_bin"
 	fi
 	apis_version="$(awk '$1 == "volcano.sh/apis" && $2 ~ /^v/ {print $2; exit}' "$gomod")"
+	local apis_dir="" apis_source
 	if [[ -n "${VOLCANO_APIS_DIR:-}" ]]; then
 		[[ -f "$VOLCANO_APIS_DIR/go.mod" ]] || { log "VOLCANO_APIS_DIR=$VOLCANO_APIS_DIR has no go.mod"; exit 1; }
-		apis_replace="volcano.sh/apis => $(cd "$VOLCANO_APIS_DIR" && pwd)"
+		apis_dir="$(cd "$VOLCANO_APIS_DIR" && pwd)"
+		apis_source="VOLCANO_APIS_DIR ($apis_dir)"
 		exe_dir="$volcano_bin-local-apis"
-	elif ! (cd "$CACHE" && go mod download "volcano.sh/apis@$apis_version" >/dev/null 2>&1); then
-		volcano_unavailable="volcano.sh/volcano@$VOLCANO_VERSION needs volcano.sh/apis@$apis_version, which the Go module proxy does not serve; set VOLCANO_APIS_DIR to a copy of it"
+	elif (cd "$CACHE" && go mod download "volcano.sh/apis@$apis_version" >/dev/null 2>&1); then
+		apis_source="the Go module proxy (volcano.sh/apis@$apis_version)"
+	elif apis_dir="$(vendored_volcano_apis "$apis_version")"; then
+		apis_source="the checked tarball in $VOLCANO_APIS_TARBALLS (unpacked to $apis_dir)"
+		exe_dir="$volcano_bin-vendored-apis"
+	else
+		volcano_unavailable="volcano.sh/volcano@$VOLCANO_VERSION needs volcano.sh/apis@$apis_version, which the Go module proxy does not serve, and $VOLCANO_APIS_TARBALLS has no volcano.sh-apis-$apis_version.tar.gz that matches its SHA256SUMS; set VOLCANO_APIS_DIR to a copy of it"
 		log "$volcano_unavailable"
 		return
 	fi
+	[[ -z "$apis_dir" ]] || apis_replace="volcano.sh/apis => $apis_dir"
+	log "volcano.sh/apis for Volcano $VOLCANO_VERSION from $apis_source"
 	volcano_exe="$exe_dir"
 	have_all "$exe_dir" vc-scheduler vc-controller-manager vc-webhook-manager && return
-	log "building Volcano $VOLCANO_VERSION${VOLCANO_APIS_DIR:+ with volcano.sh/apis from $VOLCANO_APIS_DIR} (first time only; takes a while on 2 cores)"
+	log "building Volcano $VOLCANO_VERSION with volcano.sh/apis from $apis_source (first time only; takes a while on 2 cores)"
 	local src="$CACHE/src/volcano-$VOLCANO_VERSION" started=$SECONDS
 	go_line="$(grep -m1 '^go ' "$gomod")"
 	rm -rf "$src" && mkdir -p "$src"

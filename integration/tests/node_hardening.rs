@@ -34,7 +34,10 @@ fn hand_allocated(kubectl: &Kubectl, name: &str, results: &[String]) -> String {
     );
     kubectl.run_with_input(&["create", "-f", "-"], Some(&spec)).unwrap();
     let results: String = results.iter().map(|r| format!("      - {{driver: {DRIVER}, pool: {NODE}, {r}}}\n")).collect();
-    let status = format!("{spec}status:\n  allocation:\n    devices:\n      results:\n{results}");
+    let holder = common::claim_holder(kubectl, "default");
+    let status = format!(
+        "{spec}status:\n  reservedFor:\n  - {{resource: pods, name: claim-holder, uid: {holder}}}\n  allocation:\n    devices:\n      results:\n{results}"
+    );
     kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&status)).unwrap();
     uid_of(kubectl, name)
 }

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Dirs, NODE, PREPARE_FAIL_POINTS, claim_response, claim_with, driver, driver_with, hand_allocated_claim, kubelet, wait_dead,
+    Dirs, NODE, PREPARE_FAIL_POINTS, claim_holder, claim_response, claim_with, driver, driver_with, hand_allocated_claim, kubelet, wait_dead,
 };
 use serde_json::Value;
 use vgpu_dra_integration::ControlPlane;
@@ -88,11 +88,11 @@ fn sigkill_between_any_two_steps_recovers_to_what_the_kubelet_last_asked() {
 
 /// Claims with hand-written allocations (as a buggy or racing scheduler might write them) that
 /// together ask 10x what the card has.
-fn overcommitted_claims(n: u32) -> (String, String) {
+fn overcommitted_claims(n: u32, holder: &str) -> (String, String) {
     let mut claims = String::new();
     let mut statuses = String::new();
     for i in 0..n {
-        let (claim, status) = hand_allocated_claim("default", &format!("o{i}"), i + 1, "1Gi");
+        let (claim, status) = hand_allocated_claim("default", &format!("o{i}"), i + 1, "1Gi", holder);
         claims.push_str(&(claim + "---\n"));
         statuses.push_str(&(status + "---\n"));
     }
@@ -107,7 +107,7 @@ fn a_hundred_concurrent_prepares_never_overcommit_a_card() {
     kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap(); // the DeviceClass
     let dirs = Dirs::new(plane.dir());
     std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
-    let (claims, statuses) = overcommitted_claims(100);
+    let (claims, statuses) = overcommitted_claims(100, &claim_holder(&kubectl, "default"));
     kubectl.run_with_input(&["create", "-f", "-"], Some(&claims)).unwrap();
     kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&statuses)).unwrap();
     let uids: Vec<(String, String)> = (0..100)

@@ -167,16 +167,27 @@ pub fn card_uuid(kubectl: &vgpu_dra_integration::Kubectl, device: &str) -> anyho
         .map(str::to_owned))
 }
 
+/// The pod that claims allocated by hand in `namespace` are reserved for, made once; returns its
+/// UID. The kubelet prepares only claims reserved for a pod, and the resource claim controller
+/// drops a reservation for a pod that does not exist. No scheduler takes it (no kubelet runs it).
+pub fn claim_holder(kubectl: &vgpu_dra_integration::Kubectl, namespace: &str) -> String {
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: claim-holder, namespace: {namespace}}}\nspec:\n  schedulerName: none\n  containers:\n  - {{name: c, image: registry.invalid/none}}\n"
+    );
+    kubectl.apply(&pod).unwrap();
+    kubectl.run(&["get", "pod", "claim-holder", "-n", namespace, "-o", "jsonpath={.metadata.uid}"]).unwrap()
+}
+
 /// A claim `namespace/name` allocated by hand, as a buggy or racing scheduler might write it (no
-/// scheduler involved): `hami-gpu-0` of `NODE`, share ID number `share`, `memory` and 10 cores. The
-/// claim to create and, as a second document, the same with its status (for `kubectl replace
-/// --subresource=status`).
-pub fn hand_allocated_claim(namespace: &str, name: &str, share: u32, memory: &str) -> (String, String) {
+/// scheduler involved): `hami-gpu-0` of `NODE`, share ID number `share`, `memory` and 10 cores,
+/// reserved for the pod [`claim_holder`] made (its UID `holder`). The claim to create and, as a
+/// second document, the same with its status (for `kubectl replace --subresource=status`).
+pub fn hand_allocated_claim(namespace: &str, name: &str, share: u32, memory: &str, holder: &str) -> (String, String) {
     let claim = format!(
         "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  devices:\n    requests:\n    - name: gpu\n      exactly: {{deviceClassName: {DRIVER}}}\n"
     );
     let status = format!(
-        "{claim}status:\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: {share:08x}-0000-4000-8000-000000000000, consumedCapacity: {{memory: {memory}, cores: \"10\", shares: \"1\"}}}}\n"
+        "{claim}status:\n  reservedFor:\n  - {{resource: pods, name: claim-holder, uid: {holder}}}\n  allocation:\n    devices:\n      results:\n      - {{driver: {DRIVER}, pool: {NODE}, device: hami-gpu-0, request: gpu, shareID: {share:08x}-0000-4000-8000-000000000000, consumedCapacity: {{memory: {memory}, cores: \"10\", shares: \"1\"}}}}\n"
     );
     (claim, status)
 }
