@@ -5,6 +5,7 @@
 //! command-line front end ([`cli`]). The arithmetic lives in `vgpu-scheduling`, the CDI file
 //! handling in `cdi-spec`, the kubelet's wire contracts in `vgpu-dra-proto`.
 
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod daemon;

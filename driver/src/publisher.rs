@@ -348,18 +348,28 @@ async fn watch_slices(
 ) {
     let config = watcher::Config::default().fields(&selector);
     let mut events = std::pin::pin!(watcher(api, config));
+    let mut backoff = crate::backoff::Backoff::default();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
             event = events.next() => match event {
-                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => wake.notify_one(),
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => {
+                    backoff.reset();
+                    wake.notify_one();
+                }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "ResourceSlice watch restarts");
                     if let Some(m) = &metrics {
                         m.watch_restarts.get_or_create(&labels(&[("resource", "resourceslices")])).inc();
                     }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // The reconciler's own resync still runs meanwhile: a lost watch delays a
+                    // repair, it does not stop it.
+                    let pause = backoff.next_pause();
+                    tracing::warn!(error = %e, retry_in = ?pause, "ResourceSlice watch failed; resuming");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(pause) => {}
+                    }
                 }
                 None => return,
             }

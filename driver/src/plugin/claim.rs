@@ -82,6 +82,10 @@ pub enum ClaimError {
     /// No allocation yet.
     #[error("claim {0} is not allocated")]
     NotAllocated(String),
+    /// Reserved for no pod: the pod it was prepared for is gone, and its allocation may be
+    /// another pod's next.
+    #[error("claim {0} is reserved for no pod (its pod is gone); not prepared")]
+    NotReserved(String),
     /// Allocated for another node.
     #[error("claim {claim} is allocated to {other}, not to this node {node}")]
     OtherNode {

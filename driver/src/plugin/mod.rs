@@ -18,6 +18,7 @@ pub mod service;
 pub mod source;
 pub mod state;
 pub mod toolkit;
+pub mod trash;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -22,9 +22,18 @@
 //!   claim allocated anew for the next pod is read anew even if this watch lags. A retried
 //!   prepare takes the same claim again.
 //!
+//! - What was read ahead is trusted only while this watch is known to have missed nothing: a
+//!   watch error drops every claim read ahead and hands out none until a new full list of the
+//!   node's pods is done (the watch is started anew, with a jittered backoff), and a claim read
+//!   more than [`MAX_READ_AHEAD_AGE`] ago is read again from the API. What is left is the lag of
+//!   this watch behind the kubelet's within that age: a standalone claim whose pod was deleted
+//!   before it started and that is allocated again on this node for another pod in the time this
+//!   watch is behind. That is why the pod watch is off by default (docs/security.md).
+//!
 //! The cost is in RBAC: `list` and `watch` of pods cannot be narrowed to one node by a role, so a
 //! driver with the pod watch may list every pod of the cluster (it asks only for its own node's).
-//! `--pod-watch=false` (the chart's `podWatch: false`) turns it off, and the role with it.
+//! `--pod-watch=false` (the chart's `podWatch: false`, the default) turns it off, and the role
+//! with it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,11 +54,17 @@ use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
 use super::claim::{ClaimRef, allocated_here, consumer};
 use super::source::{SourceError, get};
+use crate::backoff::Backoff;
 use crate::metrics::{Metrics, labels};
 
 /// Claims read ahead at once: a relist of a busy node asks for its pods' claims in a burst, and
 /// the API server should not get them all in the same millisecond.
 const CONCURRENT_READS: usize = 4;
+
+/// How long a claim read ahead may be handed to a prepare: the kubelet prepares a pod's claims
+/// within moments of its binding, so an older read is of a pod that did not start, and is read
+/// again instead.
+pub const MAX_READ_AHEAD_AGE: Duration = Duration::from_secs(60);
 
 /// The pods bound to this node that name claims, and the claims of those pods read ahead.
 #[derive(Clone)]
@@ -72,6 +87,9 @@ struct Store {
     relisting: Option<HashMap<String, PodEntry>>,
     /// Claims read or being read ahead, by `namespace/name`.
     claims: HashMap<String, Slot>,
+    /// The watch failed since its last full list: it may have missed a pod's deletion, so
+    /// nothing read ahead is handed out until the next list is done.
+    stale: bool,
 }
 
 /// A pod as kept (as JSON: a parsed `Pod` takes several kilobytes even when nearly empty, and a
@@ -88,9 +106,9 @@ struct PodEntry {
 enum Slot {
     /// Its read is under way; the sender says when it is done.
     Reading { done: watch::Receiver<bool> },
-    /// Read with UID `uid`, allocated here and reserved for the pod with UID `pod`; kept as JSON
-    /// until a prepare takes it (the same reason as for pods).
-    Ready { uid: String, pod: String, json: Box<[u8]> },
+    /// Read with UID `uid` at `read`, allocated here and reserved for the pod with UID `pod`;
+    /// kept as JSON until a prepare takes it (the same reason as for pods).
+    Ready { uid: String, pod: String, read: tokio::time::Instant, json: Box<[u8]> },
 }
 
 /// One read ahead to start: the claim `namespace/name` of the pod with UID `pod`.
@@ -152,11 +170,16 @@ impl NodePods {
         }
         let mut store = self.lock();
         let taken = match store.claims.get(&key) {
-            Some(Slot::Ready { uid, pod, json }) if uid == claim.uid.as_str() && store.has_pod(pod) => {
+            // While the watch may have missed something, nothing read ahead is current.
+            Some(_) if store.stale => None,
+            Some(Slot::Ready { uid, pod, read, json })
+                if uid == claim.uid.as_str() && store.has_pod(pod) && read.elapsed() <= MAX_READ_AHEAD_AGE =>
+            {
                 serde_json::from_slice(json).ok()
             }
             Some(Slot::Ready { .. }) => {
-                // Another UID (the claim was made anew), or its pod left: never current again.
+                // Another UID (the claim was made anew), its pod left, or read too long ago:
+                // never current again.
                 store.claims.remove(&key);
                 None
             }
@@ -173,6 +196,15 @@ impl NodePods {
     /// and allocated again under the same UID) must be read anew, whatever this watch has seen.
     pub fn forget(&self, uid: &Uid) {
         self.lock().claims.retain(|_, slot| !matches!(slot, Slot::Ready { uid: read, .. } if read == uid.as_str()));
+    }
+
+    /// The watch failed: it may have missed a deletion, so every claim read ahead is dropped and
+    /// none is handed out until the next full list of the node's pods is done.
+    fn invalidate(&self) {
+        let mut store = self.lock();
+        store.stale = true;
+        store.relisting = None;
+        store.claims.retain(|_, slot| matches!(slot, Slot::Reading { .. }));
     }
 
     fn count<T>(&self, result: &str, value: Option<T>) -> Option<T> {
@@ -192,7 +224,7 @@ impl NodePods {
                 Vec::new()
             }
             watcher::Event::InitApply(pod) => {
-                let Store { pods, relisting, claims } = store;
+                let Store { pods, relisting, claims, .. } = store;
                 admit(relisting.get_or_insert_with(HashMap::new), Some(pods), claims, pod)
             }
             watcher::Event::InitDone => {
@@ -205,6 +237,7 @@ impl NodePods {
                     Slot::Ready { pod, .. } => pods.contains_key(pod),
                     Slot::Reading { .. } => true,
                 });
+                store.stale = false;
                 Vec::new()
             }
             watcher::Event::Apply(pod) => admit(&mut store.pods, None, &mut store.claims, pod),
@@ -224,7 +257,8 @@ impl NodePods {
         let keep = found.filter(|c| self.reserved_here_for(c, &read.pod) && store.has_pod(&read.pod));
         let kept = keep.and_then(|claim| {
             let uid = claim.metadata.uid.clone()?;
-            Some(Slot::Ready { uid, pod: read.pod.clone(), json: serde_json::to_vec(&slim_claim(claim)).ok()?.into() })
+            let json = serde_json::to_vec(&slim_claim(claim)).ok()?.into();
+            Some(Slot::Ready { uid, pod: read.pod.clone(), read: tokio::time::Instant::now(), json })
         });
         match kept {
             Some(slot) => {
@@ -243,40 +277,52 @@ impl NodePods {
         allocated_here(claim, &self.0.driver, &self.0.node) && consumer(claim).is_some_and(|(_, uid)| uid == pod)
     }
 
-    /// Watches this node's pods and reads their claims ahead, until `cancel`.
+    /// Watches this node's pods and reads their claims ahead, until `cancel`. A failed watch
+    /// invalidates what was read ahead and is started anew (a full list) after a jittered,
+    /// growing pause.
     pub async fn run(self, client: kube::Client, timeout: Duration, cancel: CancellationToken) {
         let pods: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.0.node));
-        let mut events = std::pin::pin!(watcher(pods, config));
         let permits = Arc::new(Semaphore::new(CONCURRENT_READS));
+        let mut backoff = Backoff::default();
         tracing::info!(node = %self.0.node, "watching this node's pods to read their claims ahead");
         loop {
-            let event = tokio::select! {
-                () = cancel.cancelled() => return,
-                event = events.next() => event,
+            let mut events = std::pin::pin!(watcher(pods.clone(), config.clone()));
+            let failure = loop {
+                let event = tokio::select! {
+                    () = cancel.cancelled() => return,
+                    event = events.next() => event,
+                };
+                match event {
+                    Some(Ok(event)) => {
+                        if matches!(event, watcher::Event::InitDone) {
+                            backoff.reset();
+                        }
+                        if let Some(m) = &self.0.metrics
+                            && matches!(
+                                event,
+                                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_)
+                            )
+                        {
+                            m.pod_events.inc();
+                        }
+                        for read in self.apply(event) {
+                            self.spawn_read(client.clone(), read, timeout, permits.clone(), cancel.clone());
+                        }
+                    }
+                    Some(Err(e)) => break e.to_string(),
+                    None => break "the watch ended".to_owned(),
+                }
             };
-            match event {
-                Some(Ok(event)) => {
-                    if let Some(m) = &self.0.metrics
-                        && matches!(event, watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_))
-                    {
-                        m.pod_events.inc();
-                    }
-                    for read in self.apply(event) {
-                        self.spawn_read(client.clone(), read, timeout, permits.clone(), cancel.clone());
-                    }
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "pod watch restarts");
-                    if let Some(m) = &self.0.metrics {
-                        m.watch_restarts.get_or_create(&labels(&[("resource", "pods")])).inc();
-                    }
-                    tokio::select! {
-                        () = cancel.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    }
-                }
-                None => return,
+            self.invalidate();
+            if let Some(m) = &self.0.metrics {
+                m.watch_restarts.get_or_create(&labels(&[("resource", "pods")])).inc();
+            }
+            let pause = backoff.next_pause();
+            tracing::warn!(node = %self.0.node, error = %failure, retry_in = ?pause, "pod watch failed; claims read ahead are dropped and the node's pods listed anew");
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
             }
         }
     }

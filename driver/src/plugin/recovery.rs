@@ -78,6 +78,7 @@ impl State {
             fail_at: None,
             toolkit: Arc::new(ToolkitIndex::default()),
             spares: Arc::default(),
+            emptying: Arc::default(),
             options,
             storage,
         };
@@ -212,8 +213,7 @@ impl State {
         if let Err(e) = blocking(|| self.storage.specs.remove(uid.as_str())) {
             tracing::warn!(claim = %uid, error = %chain(&e), "CDI spec not removed");
         }
-        let dir = self.storage.cdi.claims_root.join(uid.as_str());
-        let _ = blocking(|| std::fs::remove_dir_all(dir));
+        self.discard_dir(uid);
         blocking(|| self.storage.checkpoint.clear_quarantine(uid));
     }
 
@@ -305,6 +305,7 @@ impl State {
         self.retry_pending(&published).await;
         self.release_deleted().await;
         self.repair_specs().await;
+        self.sweep_claim_dirs().await;
         let mut inner = self.inner.lock().await;
         if !published.is_empty() {
             let ledger = &mut inner.ledger;
@@ -322,6 +323,36 @@ impl State {
                 }
             }
         }
+    }
+
+    /// Moves claim directories of claims that are neither prepared nor pending into the trash
+    /// (left by a move that failed, or by an older version), and empties the trash of what an
+    /// earlier pass could not remove.
+    pub(super) async fn sweep_claim_dirs(&self) {
+        if !self.options.host_dirs {
+            return;
+        }
+        let inner = self.inner.lock().await;
+        let root = &self.storage.cdi.claims_root;
+        let names = match blocking(|| {
+            std::fs::read_dir(root).and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect::<Result<Vec<_>, _>>())
+        }) {
+            Ok(names) => names,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => {
+                tracing::warn!(path = %root.display(), error = %e, "claim directories not listed; orphans are not removed this time");
+                Vec::new()
+            }
+        };
+        for name in names {
+            let Some(uid) = name.to_str().and_then(|n| Uid::new(n).ok()) else { continue };
+            if !inner.prepared.contains_key(&uid) && !inner.pending.contains_key(&uid) {
+                tracing::info!(claim = %uid, "removing the directory of a claim that is not prepared");
+                self.discard_dir(&uid);
+            }
+        }
+        drop(inner);
+        self.empty_trash();
     }
 
     async fn retry_pending(&self, published: &[PublishedDevice]) {

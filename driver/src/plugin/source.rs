@@ -6,14 +6,13 @@
 //! A node reads only its own claims, so its API traffic and memory follow the claims of this node,
 //! not of the cluster (no watch of all claims; the ServiceAccount needs `get` on claims only).
 //! With the pod watch ([`NodePods`]) most claims and pods were read ahead when their pod was bound
-//! here, and a prepare takes them from there; what it lacks is read as follows. A claim is first
-//! read with `resourceVersion=0`, which the API server answers from its watch
-//! cache without a round trip to etcd; that answer may lag, so it is taken only when it is the
-//! claim asked for (same UID) and allocated to this node. Anything else (not found, another UID,
-//! not allocated here yet) is read again from etcd (a quorum GET) before the caller acts on it:
-//! "not found" and "not ours" always come from a fresh read. The claims read are kept (identity
-//! and reservations only) in a small per-node cache until they are unprepared: the metrics and the periodic checks use
-//! it, and a check re-reads a claim only when its last read is older than the check asks.
+//! here, and a prepare takes them from there; what it lacks is read with a quorum GET (from etcd,
+//! never from the API server's watch cache). A cached answer with the right UID, allocated here,
+//! proves nothing: a standalone claim keeps its UID when it is deallocated and allocated again,
+//! on this node, for another pod, and a lagging cache still shows the old devices and limits. The
+//! claims read are kept (identity and reservations only) in a small per-node cache until they
+//! are unprepared: the metrics and the periodic checks use it, and a check re-reads a claim only
+//! when its last read is older than the check asks.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -226,32 +225,26 @@ impl ClaimSource {
         self.claim(claim).await
     }
 
-    /// The claim named by `claim` (whatever its UID: the caller compares), read now: from the
-    /// API server's watch cache when that holds the claim with this UID allocated here, else
-    /// with a quorum GET. `None`: the API says it does not exist.
+    /// The claim named by `claim` (whatever its UID: the caller compares), read now with a
+    /// quorum GET. `None`: the API says it does not exist.
     ///
     /// # Errors
     /// [`SourceError`] when the API does not answer in time or answers with an error.
     pub async fn claim(&self, claim: &ClaimRef) -> Result<Option<ResourceClaim>, SourceError> {
-        let Self::Api { client, cache, timeout, .. } = self else {
+        let Self::Api { cache, .. } = self else {
             return self.claim_by_name(&claim.namespace, &claim.name).await;
         };
-        let api: Api<ResourceClaim> = Api::namespaced(client.clone(), claim.namespace.as_str());
-        let what = || format!("ResourceClaim {}/{}", claim.namespace, claim.name);
-        let Some(cache) = cache else {
-            return get(&api, &claim.name, &GetParams::default(), *timeout, what).await;
-        };
-        let started = Instant::now();
-        let seen = get(&api, &claim.name, &GetParams::any(), *timeout, what).await?;
-        if let Some(c) = seen.filter(|c| cache.current(claim, c)) {
-            cache.update(claim, Some(&c));
-            return Ok(Some(c));
+        let found = self.claim_by_name(&claim.namespace, &claim.name).await?;
+        if let Some(cache) = cache {
+            cache.update(claim, found.as_ref());
         }
-        // The second read shares the deadline with the first.
-        let left = timeout.saturating_sub(started.elapsed());
-        let found = get(&api, &claim.name, &GetParams::default(), left, what).await?;
-        cache.update(claim, found.as_ref());
         Ok(found)
+    }
+
+    /// Whether claims come from the API (a kubelet's prepare), where a claim reserved for no
+    /// one is one whose pod is gone; a fixed claim (`prepare-preview`) is taken as it is.
+    pub fn is_api(&self) -> bool {
+        matches!(self, Self::Api { .. })
     }
 
     /// The claim `namespace/name`, with one quorum GET (fixed sources: by name).

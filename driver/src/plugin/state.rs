@@ -27,6 +27,7 @@ use super::containers::{top_level_requests, uses_of};
 use super::host::{CLAIM_DIR_MODE, HostError, ensure_dir};
 use super::source::{ClaimSource, SourceError};
 use super::toolkit::ToolkitIndex;
+use super::trash::Trash;
 use crate::discovery::{DeviceSource, DiscoveryError};
 
 /// An error with its causes, each once (shared with the other roles).
@@ -230,6 +231,8 @@ pub struct State {
     /// Temp files made ahead ([`StateOptions::spare_files`]); invisible to the kubelet and the
     /// runtime, removed when dropped, and by start-up after a crash.
     pub(super) spares: Arc<std::sync::Mutex<Spares>>,
+    /// Whether a blocking thread is emptying the claim directories' trash now.
+    pub(super) emptying: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether
@@ -395,6 +398,11 @@ impl State {
     /// were worked out from.
     async fn entry_for(&self, claim: &ClaimRef) -> Result<(PreparedClaim, ResourceClaim, Vec<PublishedDevice>), PrepareError> {
         let object = self.claims.claim_to_prepare(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
+        // The kubelet prepares a claim only for a pod it is reserved for; reserved for no one in
+        // a fresh read, its pod is gone and its allocation may be given to another next.
+        if self.claims.is_api() && consumer(&object).is_none() && object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
+            return Err(ClaimError::NotReserved(claim.key()).into());
+        }
         let published = self.published()?;
         let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
         let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
@@ -509,11 +517,11 @@ impl State {
             blocking(|| {
                 let _ = checkpoint.forget(&claim.uid);
                 let _ = specs.remove(claim.uid.as_str());
-                // A refused prepare leaves nothing behind, unless a container already uses it.
-                if host_dirs && !keep_dir {
-                    let _ = std::fs::remove_dir_all(&dir);
-                }
             });
+            // A refused prepare leaves nothing behind, unless a container already uses it.
+            if host_dirs && !keep_dir {
+                self.discard_dir(&claim.uid);
+            }
             return Err(e);
         }
         prepared.insert(claim.uid.clone(), entry.clone());
@@ -643,7 +651,7 @@ impl State {
     pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
         let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
-        let Storage { checkpoint, specs, cdi } = &self.storage;
+        let Storage { checkpoint, specs, .. } = &self.storage;
         if let Some(entry) = prepared.remove(uid) {
             if let Err(e) = blocking(|| checkpoint.forget(uid)) {
                 prepared.insert(uid.clone(), entry);
@@ -660,10 +668,59 @@ impl State {
         if blocking(|| specs.remove(uid.as_str()))? {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
-        let dir = cdi.claims_root.join(uid.as_str());
-        match blocking(|| std::fs::remove_dir_all(&dir)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(HostError::Dir { path: dir, source: e }.into()),
-            _ => Ok(()),
+        // Under the lock: a prepare of the same claim right after makes its directory anew.
+        self.discard_dir(uid);
+        drop(inner);
+        Ok(())
+    }
+
+    /// Moves the directory of claim `uid` into the trash (one rename, whatever a container left
+    /// in it) and has the trash emptied in the background: an unprepare never waits on what a
+    /// tenant wrote. A directory that cannot be moved is logged and left to the periodic sweep.
+    /// Called with the lock held, so that it never takes the directory of a prepare after it.
+    pub(super) fn discard_dir(&self, uid: &Uid) {
+        let dir = self.storage.cdi.claims_root.join(uid.as_str());
+        match blocking(|| self.trash().discard(&dir)) {
+            Ok(true) => self.empty_trash(),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(claim = %uid, path = %dir.display(), error = %e, "claim directory not moved to the trash; the periodic check retries");
+            }
+        }
+    }
+
+    /// The trash of the claim directories.
+    pub(super) fn trash(&self) -> Trash {
+        Trash::new(&self.storage.cdi.claims_root)
+    }
+
+    /// Empties the trash on a blocking thread, unless one is at it already; what cannot be
+    /// removed now is logged and tried again by the periodic check.
+    pub(super) fn empty_trash(&self) {
+        use std::sync::atomic::Ordering;
+        if self.emptying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (trash, emptying) = (self.trash(), self.emptying.clone());
+        let work = move || {
+            // Reset even if the walk panics, so the next check tries again.
+            struct Done(Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            let _done = Done(emptying);
+            let emptied = trash.empty(super::trash::DEFAULT_BUDGET);
+            if emptied.left > 0 {
+                tracing::warn!(trash = %trash.dir().display(), left = emptied.left, error = emptied.error.as_deref().unwrap_or("a budget of file operations spent"), "claim directories not all removed yet; retried by the next check");
+            } else if emptied.removed > 0 {
+                tracing::debug!(removed = emptied.removed, "claim directories removed");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(work)),
+            Err(_) => work(),
         }
     }
 

@@ -412,3 +412,119 @@ async fn a_prepare_after_the_directories_were_emptied_does_not_use_the_lost_spar
         assert!(node.specs().read(&uid(n)).unwrap().is_some(), "c{n}");
     }
 }
+
+/// An API server whose watch cache lags: a GET with `resourceVersion=0` gets `cached`, a quorum
+/// GET gets `current` (`None`: not found); pods are never found. Counts the claim reads of each
+/// kind.
+fn lagging_api(cached: ResourceClaim, current: Option<ResourceClaim>) -> (ClaimSource, Arc<std::sync::Mutex<(u32, u32)>>) {
+    use http::{Request, Response, StatusCode};
+    use kube::client::Body;
+    let reads = Arc::new(std::sync::Mutex::new((0, 0)));
+    let counted = reads.clone();
+    let service = tower::service_fn(move |request: Request<Body>| {
+        let (cached, current, counted) = (cached.clone(), current.clone(), counted.clone());
+        async move {
+            let path = request.uri().path().to_owned();
+            let from_cache = request.uri().query().is_some_and(|q| q.contains("resourceVersion=0"));
+            let found = if !path.contains("/resourceclaims/") {
+                None
+            } else if from_cache {
+                counted.lock().unwrap().0 += 1;
+                Some(cached)
+            } else {
+                counted.lock().unwrap().1 += 1;
+                current
+            };
+            let response = match found {
+                Some(claim) => Response::new(Body::from(serde_json::to_vec(&claim).unwrap())),
+                None => {
+                    let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404});
+                    let mut r = Response::new(Body::from(serde_json::to_vec(&status).unwrap()));
+                    *r.status_mut() = StatusCode::NOT_FOUND;
+                    r
+                }
+            };
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let client = kube::Client::new(service, "default");
+    let source = ClaimSource::api(client).with_cache(crate::plugin::source::ClaimCache::new(DRIVER, "n1"));
+    (source, reads)
+}
+
+/// Finding 2 of the tenant-safety issue: a standalone claim deallocated and allocated again on
+/// this node for another pod keeps its UID, and a lagging watch cache still shows the old
+/// devices and limits. A prepare acts only on a quorum read, and not at all on a claim whose
+/// fresh read is reserved for no pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepare_never_writes_the_allocation_a_lagging_cache_still_shows() {
+    let node = Node::new();
+    let old = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "12Gi", 90)], Some(("first", "pod-1")));
+    for (current, cores) in [
+        // Allocated anew on the other card with other limits.
+        (claim("c1", 1, &[&share("hami-gpu-1", "gpu", 2, "2Gi", 10)], Some(("second", "pod-2"))), Some(10)),
+        // The same card, smaller.
+        (claim("c1", 1, &[&share("hami-gpu-0", "gpu", 3, "1Gi", 5)], Some(("second", "pod-2"))), Some(5)),
+        // Deallocated: the first pod is gone, no one holds it.
+        (claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "12Gi", 90)], None), None),
+    ] {
+        let (source, reads) = lagging_api(old.clone(), Some(current.clone()));
+        let state = node.state_with(source, SharingConfig::default(), StateOptions::default()).await;
+        let prepared = state.prepare(&cref("c1", 1)).await;
+        match cores {
+            Some(cores) => {
+                prepared.unwrap();
+                let spec = node.specs().read(&uid(1)).unwrap().unwrap();
+                assert_eq!(env(&spec, "CUDA_DEVICE_SM_LIMIT").as_deref(), Some(cores.to_string().as_str()), "{spec:?}");
+                state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
+            }
+            None => {
+                let e = prepared.unwrap_err().chain();
+                assert!(e.contains("reserved for no pod"), "{e}");
+                assert!(node.specs().read(&uid(1)).unwrap().is_none());
+            }
+        }
+        let (cache, quorum) = *reads.lock().unwrap();
+        assert_eq!((cache, quorum), (0, 1), "one quorum read of the claim, none from the watch cache");
+    }
+}
+
+/// Finding 1 of the tenant-safety issue: what a container leaves in its claim directory (here
+/// 30,000 nested directories, a FIFO and a link to a host file) costs an unprepare one rename;
+/// the directory is gone at once and its content is removed in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unprepare_moves_a_hostile_claim_directory_away_without_reading_it() {
+    use rustix::fs::{CWD, FileType, Mode, OFlags};
+    let node = Node::new();
+    let c = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let state = node.state(vec![c], vec![]).await;
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    let dir = node.cdi().claims_root.join(uid(1));
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW;
+    let mut fd = rustix::fs::openat(CWD, &dir, flags, Mode::empty()).unwrap();
+    for _ in 0..30_000 {
+        rustix::fs::mkdirat(&fd, c"d", Mode::RWXU).unwrap();
+        fd = rustix::fs::openat(&fd, c"d", flags, Mode::empty()).unwrap();
+    }
+    drop(fd);
+    rustix::fs::mknodat(CWD, dir.join("fifo"), FileType::Fifo, Mode::RUSR | Mode::WUSR, 0).unwrap();
+    let host = node.root.path().join("host-file");
+    std::fs::write(&host, b"keep").unwrap();
+    std::os::unix::fs::symlink(&host, dir.join("link")).unwrap();
+
+    state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
+    assert!(!dir.exists(), "the claim's directory is gone when the unprepare answers");
+    let trash = node.cdi().claims_root.join(crate::plugin::trash::TRASH_DIR);
+    for _ in 0..600 {
+        if std::fs::read_dir(&trash).unwrap().next().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(std::fs::read_dir(&trash).unwrap().next().is_none(), "emptied in the background");
+    assert_eq!(std::fs::read(&host).unwrap(), b"keep");
+    // A directory left by an older version, or a move that failed, is swept by the periodic check.
+    std::fs::create_dir_all(node.cdi().claims_root.join(uid(7)).join("x")).unwrap();
+    state.check_once().await;
+    assert!(!node.cdi().claims_root.join(uid(7)).exists());
+}

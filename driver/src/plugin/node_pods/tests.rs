@@ -200,3 +200,36 @@ async fn an_unprepared_claim_is_read_anew_for_the_next_pod_even_before_the_watch
     assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "the next pod's prepare reads the API");
     assert_eq!(pods.len(), (1, 0));
 }
+
+/// Finding 2 of the tenant-safety issue: a watch that failed may have missed a pod's deletion,
+/// so nothing read before is handed out, nor anything at all until a full list is done.
+#[tokio::test]
+async fn a_failed_watch_hands_out_nothing_until_the_next_full_list() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    pods.invalidate();
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "read before the failure");
+    assert_eq!(pods.len().1, 0, "and dropped");
+    // The relist brings p1 back (it was not deleted after all) and reads its claim anew...
+    pods.apply(watcher::Event::Init);
+    let reads = pods.apply(watcher::Event::InitApply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    assert!(reads.is_empty(), "asked already, so not asked again by the relist");
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "not before the list is done");
+    pods.apply(watcher::Event::InitDone);
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_some(), "current again once it is");
+}
+
+/// A claim read ahead for a pod that did not start within the age bound is read anew.
+#[tokio::test(start_paused = true)]
+async fn a_claim_read_ahead_too_long_ago_is_not_handed_out() {
+    let pods = store();
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &[("a", Some("c1"))])));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    tokio::time::advance(MAX_READ_AHEAD_AGE - Duration::from_secs(1)).await;
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_some());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none());
+    assert_eq!(pods.len().1, 0);
+}
