@@ -242,9 +242,9 @@ pub struct KubeletPluginArgs {
     #[arg(long, env = "VGPU_DRA_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
     /// Watch the pods bound to this node and read their claims before the kubelet asks, so a
-    /// prepare makes no API call. Needs `list` and `watch` of pods; `false`: each prepare reads
-    /// its claim and pod (`get` only).
-    #[arg(long, env = "VGPU_DRA_POD_WATCH", default_value_t = true, action = clap::ArgAction::Set)]
+    /// prepare makes no API call. Needs `list` and `watch` of every pod (a role cannot narrow it
+    /// to a node); off: each prepare reads its claim (quorum) and pod (`get` only).
+    #[arg(long, env = "VGPU_DRA_POD_WATCH", default_value_t = false, action = clap::ArgAction::Set)]
     pub pod_watch: bool,
 }
 

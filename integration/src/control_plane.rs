@@ -9,12 +9,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::Value;
 
+use crate::pki::{ClientCa, write_cert_kubeconfig};
+use crate::webhook_tls::path_str;
 use crate::{Components, ManagedProcess, components, eventually, free_port};
 
 /// The DRA features the tests rely on; beta and on by default in 1.36, named so a release that
 /// changes a default fails loudly instead of silently testing something else.
 pub(crate) const FEATURE_GATES: &str = "DRAConsumableCapacity=true,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true,DRADeviceBindingConditions=true";
 const ADMIN_TOKEN: &str = "vgpu-dra-test-admin-token";
+/// The common name of the client certificate the API server presents to every webhook.
+pub const WEBHOOK_CLIENT_NAME: &str = "vgpu-dra-test-apiserver";
 
 /// How to start a [`ControlPlane`].
 #[derive(Debug, Clone, Default)]
@@ -32,6 +36,11 @@ pub struct ControlPlane {
     etcd: ManagedProcess,
     kubectl: Kubectl,
     server: String,
+    client_ca: ClientCa,
+    /// The CA of the client certificate the API server presents to webhooks.
+    webhook_clients: ClientCa,
+    /// The loopback port of the webhook URL it presents that certificate to.
+    webhook_port: u16,
     dir: tempfile::TempDir,
     /// How long bring-up took.
     pub startup: Duration,
@@ -62,6 +71,14 @@ impl ControlPlane {
             bail!("openssl genrsa failed");
         }
         std::fs::write(d.join("tokens.csv"), format!("{ADMIN_TOKEN},admin,admin-uid,system:masters\n"))?;
+        let webhook_port = free_port()?;
+        let (webhook_clients, admission_config) = write_admission_config(d, webhook_port)?;
+        // Kubelets authenticate with client certificates as `system:node:<name>`, as in a
+        // cluster, so that the Node authorizer and NodeRestriction judge them; the API server
+        // presents one to the kubelets, which ask the API whether it may.
+        let client_ca = ClientCa::new(&d.join("client-pki"), "vgpu-dra-test-client-ca")?;
+        let (apiserver_cert, apiserver_key) =
+            client_ca.issue("kube-apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")?;
 
         let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
@@ -104,7 +121,11 @@ impl ControlPlane {
                     "--advertise-address=127.0.0.1",
                     &format!("--cert-dir={}", d.join("apiserver-certs").display()),
                     &format!("--token-auth-file={}", d.join("tokens.csv").display()),
-                    "--authorization-mode=RBAC",
+                    &format!("--client-ca-file={}", client_ca.cert().display()),
+                    &format!("--kubelet-client-certificate={}", apiserver_cert.display()),
+                    &format!("--kubelet-client-key={}", apiserver_key.display()),
+                    "--authorization-mode=Node,RBAC",
+                    "--enable-admission-plugins=NodeRestriction",
                     "--service-account-issuer=https://kubernetes.default.svc",
                     &format!("--service-account-key-file={}", sa_key.display()),
                     &format!("--service-account-signing-key-file={}", sa_key.display()),
@@ -114,6 +135,8 @@ impl ControlPlane {
                     "--profiling=false",
                     // The kubernetes Service endpoint cannot be a loopback address; nothing needs it.
                     "--endpoint-reconciler-type=none",
+                    // Every webhook it calls gets its client certificate.
+                    &format!("--admission-control-config-file={}", admission_config.display()),
                 ]),
                 audit,
             ]
@@ -123,8 +146,19 @@ impl ControlPlane {
         let kubeconfig = d.join("admin.kubeconfig");
         write_kubeconfig(&kubeconfig, &server, ADMIN_TOKEN)?;
         let kubectl = Kubectl { bin: bins.kubectl.clone(), kubeconfig: kubeconfig.clone() };
-        let mut plane =
-            Self { controller_manager: None, scheduler: None, apiserver, etcd, kubectl, server, dir, startup: Duration::ZERO };
+        let mut plane = Self {
+            controller_manager: None,
+            scheduler: None,
+            apiserver,
+            etcd,
+            kubectl,
+            server,
+            client_ca,
+            webhook_clients,
+            webhook_port,
+            dir,
+            startup: Duration::ZERO,
+        };
         plane.wait_ready()?;
         let kc = format!("--kubeconfig={}", kubeconfig.display());
         plane.scheduler = Some(ManagedProcess::spawn(
@@ -194,6 +228,24 @@ impl ControlPlane {
         &self.server
     }
 
+    /// The CA whose client certificates the API server trusts (kubelets trust it for the API
+    /// server's own).
+    pub fn client_ca(&self) -> &ClientCa {
+        &self.client_ca
+    }
+
+    /// A kubeconfig for the kubelet of node `name`: a client certificate of
+    /// `system:node:<name>` in `system:nodes`.
+    ///
+    /// # Errors
+    /// When the certificate or the file cannot be made.
+    pub fn node_kubeconfig(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let (cert, key) = self.client_ca.issue(&format!("node-{name}"), &format!("system:node:{name}"), "system:nodes")?;
+        let path = self.dir.path().join(format!("node-{name}.kubeconfig"));
+        write_cert_kubeconfig(&path, &self.server, &cert, &key)?;
+        Ok(path)
+    }
+
     /// The audit log, when the plane was started with [`PlaneOptions::audit`].
     pub fn audit_log(&self) -> Option<PathBuf> {
         Some(self.dir.path().join("audit.log")).filter(|p| p.exists())
@@ -207,6 +259,28 @@ impl ControlPlane {
     /// A scratch directory that lives as long as the plane.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The CA (PEM file) of the client certificate the API server presents to the webhook at
+    /// `https://127.0.0.1:<`[`ControlPlane::webhook_port`]`>`, of common name
+    /// [`WEBHOOK_CLIENT_NAME`]: what `--client-ca-file` names.
+    pub fn webhook_client_ca(&self) -> PathBuf {
+        self.webhook_clients.cert()
+    }
+
+    /// The loopback port of the one webhook URL the API server presents its client certificate
+    /// to (vgpu-dra's, on the test bed). Other webhooks (Kueue's, Volcano's) get none: Volcano's
+    /// server checks a certificate it is given against the system's roots.
+    pub fn webhook_port(&self) -> u16 {
+        self.webhook_port
+    }
+
+    /// Another client certificate (certificate and key files) of that CA, with common name `name`.
+    ///
+    /// # Errors
+    /// When openssl fails.
+    pub fn issue_webhook_client_certificate(&self, name: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        self.webhook_clients.issue(&format!("other-{name}"), name, "vgpu-dra-test")
     }
 
     /// The binaries this plane runs.
@@ -289,6 +363,45 @@ fn record_bring_up(took: Duration) {
     if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
         let _ = writeln!(f, "control plane bring-up {:.1} s ({test})", took.as_secs_f64());
     }
+}
+
+/// Writes the API server's admission configuration under `dir`: the webhook admission plugins
+/// present a client certificate (common name [`WEBHOOK_CLIENT_NAME`], of a CA made here for
+/// webhook clients only) to the webhook at `127.0.0.1:<webhook_port>` (kubeconfig user of that
+/// name), and none to others. The CA, and the configuration's path.
+///
+/// The files are those docs/security.md shows, in `<dir>/admission/` for
+/// `/etc/kubernetes/admission/` and with the URL's `host:port` for the Service's name
+/// (`integration/tests/docs.rs` compares them).
+fn write_admission_config(dir: &Path, webhook_port: u16) -> anyhow::Result<(ClientCa, PathBuf)> {
+    let admission = dir.join("admission");
+    let clients = ClientCa::new(&admission, "vgpu-dra-test-webhook-client-ca")?;
+    let (cert, key) = clients.issue("webhook-client", WEBHOOK_CLIENT_NAME, "vgpu-dra-test")?;
+    let kubeconfig = admission.join("webhook-client.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: 127.0.0.1:{webhook_port}\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+            path_str(&cert)?,
+            path_str(&key)?
+        ),
+    )?;
+    let plugin = |name: &str| -> anyhow::Result<String> {
+        Ok(format!(
+            "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+            path_str(&kubeconfig)?
+        ))
+    };
+    let config = admission.join("admission-config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+            plugin("ValidatingAdmissionWebhook")?,
+            plugin("MutatingAdmissionWebhook")?
+        ),
+    )?;
+    Ok((clients, config))
 }
 
 fn strings(args: &[&str]) -> Vec<String> {

@@ -8,10 +8,14 @@
 //!   interface carries. Pods that need no network beyond themselves run as on any node.
 //! - Images: only the two this module imports (and the names [`BUSYBOX_ALIASES`] give the test
 //!   image); every registry is `127.0.0.1:1`, so a pull fails at once, the same on every machine.
-//! - `kubectl logs` and `exec`: the kubelet serves on `127.0.0.1` to anyone on this machine (the
-//!   API server presents no client certificate), and the Node's address is `127.0.0.1`, set by
-//!   this module: the kubelet refuses a loopback node IP, and runs as with an external cloud
-//!   provider, which leaves a Node's addresses that are set alone.
+//! - Identity, as in a cluster: the kubelet authenticates as `system:node:<name>` with a client
+//!   certificate ([`ControlPlane::node_kubeconfig`]), so the API server's Node authorizer and
+//!   NodeRestriction limit it to its own node's objects; its own API authenticates callers by
+//!   certificate or token and asks the API server whether they may (no anonymous access).
+//! - `kubectl logs` and `exec`: the kubelet serves on `127.0.0.1` (the API server presents its
+//!   client certificate), and the Node's address is `127.0.0.1`, set by this module: the kubelet
+//!   refuses a loopback node IP, and runs as with an external cloud provider, which leaves a
+//!   Node's addresses that are set alone.
 //! - The ConfigMap `kube-root-ca.crt` in `default`, which the plane's controller manager does not
 //!   publish, is published, so pods that mount a service-account token start.
 //!
@@ -272,6 +276,8 @@ pub struct Node {
     /// The node's cgroup root, such as `/vgpu-dra-node-abc123`.
     cgroup_root: String,
     kubeconfig: PathBuf,
+    /// The CA of the API server's client certificate, which the kubelet authenticates it by.
+    client_ca: PathBuf,
     kubectl: Kubectl,
     kubelet_starts: u32,
     // Last: removed once everything above is stopped.
@@ -308,7 +314,8 @@ impl Node {
             cdi_dir,
             cgroups,
             cgroup_root: format!("/vgpu-dra-{unique}"),
-            kubeconfig: plane.kubeconfig().to_owned(),
+            kubeconfig: plane.node_kubeconfig(name)?,
+            client_ca: plane.client_ca().cert(),
             kubectl: plane.kubectl().clone(),
             kubelet_starts: 0,
             dir,
@@ -547,8 +554,8 @@ enforceNodeAllocatable: [pods]
 containerRuntimeEndpoint: unix://{socket}
 podLogsDir: {logs}
 volumePluginDir: {volume_plugins}
-# Served on loopback only, for the API server (`kubectl logs`, `exec`), which presents no client
-# certificate; the health check too.
+# Served on loopback, for the API server (`kubectl logs`, `exec`), which presents its client
+# certificate: the kubelet asks the API whether a caller may, as in a cluster.
 enableServer: true
 address: 127.0.0.1
 port: {port}
@@ -556,9 +563,10 @@ readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz}
 authentication:
-  anonymous: {{enabled: true}}
-  webhook: {{enabled: false}}
-authorization: {{mode: AlwaysAllow}}
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {client_ca}}}
+authorization: {{mode: Webhook}}
 makeIPTablesUtilChains: false
 # Not below 0: root may lack CAP_SYS_RESOURCE, which lowering it takes.
 oomScoreAdj: 0
@@ -584,6 +592,7 @@ featureGates:
             volume_plugins = d.join("volume-plugins").display(),
             port = free_port()?,
             healthz = free_port()?,
+            client_ca = self.client_ca.display(),
             gates = gates.join("\n"),
         );
         let path = d.join("kubelet.yaml");

@@ -12,7 +12,10 @@ mod common;
 use std::time::Duration;
 
 use anyhow::Context;
-use common::chart::{chart_dir, container_args, dry_run, find, helm, run_as_daemonset_pod, run_as_webhook_pod};
+use common::chart::{
+    chart_dir, client_auth_sets, container_args, dry_run, find, helm, registration_job, run_as_daemonset_pod, run_as_webhook_pod,
+    run_registration_job,
+};
 use common::{DRIVER, claim_and_pod_on};
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
 
@@ -35,6 +38,18 @@ fn refused(result: anyhow::Result<String>, wants: &[&str]) {
 /// The image every install names: the one the user built and pushed.
 const IMAGE: &str = "image.repository=registry.example.com/vgpu-dra";
 
+/// `helm <args> --set <IMAGE> <client auth> <sets>`: an install as the README writes it.
+fn helm_with(plane: &ControlPlane, args: &[&str], sets: &[&str]) -> anyhow::Result<String> {
+    let auth = client_auth_sets(plane);
+    let mut full: Vec<&str> = args.to_vec();
+    full.extend(["--set", IMAGE]);
+    full.extend(auth.iter().map(String::as_str));
+    for set in sets {
+        full.extend(["--set", set]);
+    }
+    helm(plane, &full)
+}
+
 #[test]
 fn chart_lints_and_refuses_bad_values() {
     let plane = ControlPlane::start().expect("control plane");
@@ -43,10 +58,14 @@ fn chart_lints_and_refuses_bad_values() {
     let all = format!("{chart}/ci/all-values.yaml");
     // No image is published, so every install names one (README); without it the install fails
     // with a message that says what to do.
-    helm(&plane, &["lint", "--strict", chart, "--set", IMAGE]).unwrap();
+    helm_with(&plane, &["lint", "--strict", chart], &[]).unwrap();
     helm(&plane, &["lint", "--strict", chart, "-f", &all]).unwrap();
     let err = helm(&plane, &["template", "x", chart]).expect_err("an install without an image");
     assert!(format!("{err:#}").contains("image.repository is empty: build the image"), "{err:#}");
+    // Nor without saying who may call the webhook: the API server's client CA, or the opt-out.
+    let err = helm(&plane, &["template", "x", chart, "--set", IMAGE]).expect_err("an install without the client CA");
+    let err = format!("{err:#}");
+    assert!(err.contains("webhook.clientAuth.caBundle is empty") && err.contains("webhook.clientAuth.enabled=false"), "{err}");
     // A wrong value fails at install time with the value's path in the message.
     for (set, wants) in [
         ("deviceSplitCount=0", "/deviceSplitCount"),
@@ -64,6 +83,9 @@ fn chart_lints_and_refuses_bad_values() {
         ("webhook.certificate.checkSeconds=1", "/webhook/certificate/checkSeconds"),
         ("webhook.certManager.enabled=yes", "/webhook/certManager/enabled"),
         ("webhook.certManager.issuerRef.name=corp-ca", "/webhook/certManager/issuerRef"),
+        ("webhook.clientAuth.enabled=yes", "/webhook/clientAuth/enabled"),
+        ("webhook.clientAuth.names={kube-apiserver,kube-apiserver}", "/webhook/clientAuth/names"),
+        ("webhook.clientAuth.names={with blank}", "/webhook/clientAuth/names/0"),
         ("webhook.volcano.cpuRequest=lots", "/webhook/volcano/cpuRequest"),
         ("webhook.volcano.schedulerNames={a,b,a}", "/webhook/volcano/schedulerNames"),
         ("devicePlugin.enabled=maybe", "/devicePlugin/enabled"),
@@ -73,25 +95,51 @@ fn chart_lints_and_refuses_bad_values() {
         ("nvidiaDriverRoot=run/nvidia", "/nvidiaDriverRoot"),
         ("extendedResourceName=gpu", "/extendedResourceName"),
     ] {
-        let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", set]).expect_err(set);
+        let err = helm_with(&plane, &["template", "x", chart], &[set]).expect_err(set);
         assert!(format!("{err:#}").contains(wants), "--set {set}: {err:#}");
     }
-    // dra.enabled=false installs nothing (HAMi's device-plugin mode is not ours to run).
+    let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "webhook.clientAuth.caBundle=not-a-certificate"])
+        .expect_err("a client CA that is no certificate");
+    assert!(format!("{err:#}").contains("/webhook/clientAuth/caBundle"), "{err:#}");
+    // dra.enabled=false installs nothing (HAMi's device-plugin mode is not ours to run), and
+    // needs no client CA.
     let off = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "dra.enabled=false"]).unwrap();
     assert!(!off.contains("kind:"), "{off}");
-    // The webhook is on by default, with the driver only, and can be left out.
-    let on = helm(&plane, &["template", "x", chart, "--set", IMAGE]).unwrap();
+    // The webhook is on by default, with the driver only, and can be left out (then no client
+    // CA is asked for).
+    let on = helm_with(&plane, &["template", "x", chart], &[]).unwrap();
     assert!(on.contains("name: x-vgpu-dra-webhook\n") && on.contains("kind: PodDisruptionBudget"), "{on}");
+    assert!(on.contains("--client-ca-file=") && on.contains("name: x-vgpu-dra-webhook-client-ca"), "{on}");
+    // The registration Job is named by what it registers: another device configuration, flag or
+    // image runs a new one (a Job's pod template cannot change).
+    let job = |rendered: &str| {
+        rendered.split("kind: Job\nmetadata:\n  name: ").nth(1).and_then(|r| r.lines().next()).map(str::to_owned)
+    };
+    let first = job(&on).expect("a registration Job");
+    assert!(first.starts_with("x-vgpu-dra-webhook-registrar-"), "{first}");
+    assert_eq!(job(&helm_with(&plane, &["template", "x", chart], &[]).unwrap()), Some(first.clone()), "stable");
+    for other in [
+        "webhook.excludedNamespaces={kube-system,monitoring}",
+        "deviceSplitCount=4",
+        "image.tag=other",
+        "webhook.timeoutSeconds=5",
+    ] {
+        let again = job(&helm_with(&plane, &["template", "x", chart], &[other]).unwrap());
+        assert!(again.is_some() && again != Some(first.clone()), "{other}: {again:?}");
+    }
     let no_webhook = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "webhook.enabled=false"]).unwrap();
     assert!(!no_webhook.contains("webhook"), "{no_webhook}");
     assert!(no_webhook.contains("kind: DaemonSet"), "{no_webhook}");
+    // The explicit opt-out: no client CA asked for or mounted, and the notes warn.
+    let open = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "webhook.clientAuth.enabled=false"]).unwrap();
+    assert!(open.contains("kind: Deployment") && !open.contains("--client-ca-file") && !open.contains("-client-ca\n"), "{open}");
     let off =
         helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "dra.enabled=false", "--set", "webhook.enabled=true"])
             .unwrap();
     assert!(!off.contains("kind:"), "{off}");
     // HAMi's device-plugin mode is refused at render time with what to do, whatever else is set.
     for extra in ["dra.enabled=true", "dra.enabled=false"] {
-        let err = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", extra, "--set", "devicePlugin.enabled=true"])
+        let err = helm_with(&plane, &["template", "x", chart], &[extra, "devicePlugin.enabled=true"])
             .expect_err("devicePlugin.enabled=true");
         let err = format!("{err:#}");
         assert!(
@@ -125,14 +173,10 @@ spec:
   - {name: v1, served: true, storage: true, schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}}
 ";
 
-/// `helm template <release> -n <namespace>` of the chart with the image and `sets`.
+/// `helm template <release> -n <namespace>` of the chart with the image, the client CA and `sets`.
 fn template(plane: &ControlPlane, release: &str, namespace: &str, sets: &[&str]) -> anyhow::Result<String> {
     let chart = chart_dir();
-    let mut args = vec!["template", release, chart.to_str().unwrap(), "-n", namespace, "--set", IMAGE];
-    for set in sets {
-        args.extend(["--set", set]);
-    }
-    helm(plane, &args)
+    helm_with(plane, &["template", release, chart.to_str().unwrap(), "-n", namespace], sets)
 }
 
 #[test]
@@ -333,20 +377,23 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         "--mock-gpus=2xTesla T4:15Gi",
         // nvidiaDriverRoot wins over hami-dra.drivers.nvidia.containerDriver.
         "--dev-root=/opt/nvidia/driver/dev",
-        "--pod-watch=false",
+        "--pod-watch=true",
     ] {
         anyhow::ensure!(args.contains(want), "DaemonSet args lack {want}: {args}");
     }
-    // Without the pod watch the role reads single pods only.
-    let role = kubectl.get_json(&["clusterrole", "full-vgpu-dra"])?;
-    let pod_verbs: Vec<&serde_json::Value> = role["rules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|r| r["resources"].as_array().is_some_and(|res| res.iter().any(|x| x == "pods")))
-        .flat_map(|r| r["verbs"].as_array().into_iter().flatten())
-        .collect();
-    anyhow::ensure!(pod_verbs == [&serde_json::Value::from("get")], "podWatch=false leaves pod verbs {pod_verbs:?}");
+    // With the pod watch the role lists and watches pods (a role cannot narrow that to a node).
+    let pod_verbs = |role: &str| -> anyhow::Result<Vec<serde_json::Value>> {
+        let role = kubectl.get_json(&["clusterrole", role])?;
+        Ok(role["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["resources"].as_array().is_some_and(|res| res.iter().any(|x| x == "pods")))
+            .flat_map(|r| r["verbs"].as_array().into_iter().flatten().cloned())
+            .collect())
+    };
+    let verbs = pod_verbs("full-vgpu-dra")?;
+    anyhow::ensure!(verbs == ["get", "list", "watch"], "podWatch=true gives pod verbs {verbs:?}");
     let webhook = kubectl.get_json(&["deployment", "full-vgpu-dra-webhook", "-n", "vgpu-dra-full"])?;
     let args = webhook["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
     for want in [
@@ -355,20 +402,33 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         "--driver-name=vgpu.example.com",
         "--timeout-seconds=5",
         "--excluded-namespaces=kube-system,monitoring",
-        "--owner-cluster-role=full-vgpu-dra-webhook",
+        "--registration=ca-bundle",
+        "--client-ca-file=/etc/vgpu-dra-webhook/client-ca/ca.crt",
+        "--client-name=kube-apiserver,apiserver-webhook-client.example.com",
         "--certificate-source=self-signed",
         "--certificate-validity-days=90",
         "--certificate-check-seconds=60",
     ] {
         anyhow::ensure!(args.contains(want), "webhook Deployment args lack {want}: {args}");
     }
+    // The registration Job owns the registration to the webhook's ClusterRole.
+    let job = registration_job(plane, "vgpu-dra-full", "full")?;
+    let args = container_args(&job);
+    for want in
+        ["--registration=registrar", "--owner-cluster-role=full-vgpu-dra-webhook", "--excluded-namespaces=kube-system,monitoring"]
+    {
+        anyhow::ensure!(args.iter().any(|a| a == want), "registration Job args lack {want}: {args:?}");
+    }
     let class = kubectl.get_json(&["deviceclass", "shared-gpu.example.com"])?;
     anyhow::ensure!(class["spec"]["extendedResourceName"] == "example.com/shared-gpu", "{}", class["spec"]);
 
     // The defaults, the way the issue and the docs install it.
     kubectl.run(&["create", "namespace", NS])?;
-    let rendered = helm(plane, &["template", "vgpu-dra", chart, "-n", NS, "--set", IMAGE])?;
+    let rendered = template(plane, "vgpu-dra", NS, &[])?;
     kubectl.apply(&rendered)?;
+    // Least privilege by default: no pod watch, so the role reads single pods only.
+    let verbs = pod_verbs("vgpu-dra")?;
+    anyhow::ensure!(verbs == ["get"], "the default gives pod verbs {verbs:?}");
     let class = kubectl.get_json(&["deviceclass", DRIVER])?;
     anyhow::ensure!(class["spec"]["selectors"][0]["cel"]["expression"].as_str().is_some_and(|e| e.contains("hami-gpu")));
     // HAMi's own class has it: the scheduler serves a bare nvidia.com/gpu the webhook did not see.
@@ -394,15 +454,13 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     // Least privilege: nothing beyond the verbs the driver calls (`can-i -q` exits 1 for no).
     let may = |verb: &str, resource: &str| as_driver.run(&["auth", "can-i", "-q", verb, resource]).is_ok();
     anyhow::ensure!(
-        may("patch", "resourceslices")
-            && may("get", "resourceclaims")
-            && may("get", "pods")
-            // The watch of its node's pods (podWatch, on by default): a role cannot narrow it.
-            && may("list", "pods")
-            && may("watch", "pods"),
+        may("patch", "resourceslices") && may("get", "resourceclaims") && may("get", "pods"),
         "the driver lacks its own verbs"
     );
     for (verb, resource) in [
+        // No pod watch by default (podWatch): no pod of the cluster is listed or watched.
+        ("list", "pods"),
+        ("watch", "pods"),
         ("update", "resourceslices"),
         ("get", "secrets"),
         ("patch", "nodes"),
@@ -453,9 +511,10 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 /// A pod written for HAMi (source document 003 section 3.1's limits).
 const HAMI_POD: &str = "apiVersion: v1\nkind: Pod\nmetadata: {name: hami-pod, namespace: default}\nspec:\n  containers:\n  - name: cuda\n    image: registry.invalid/none\n    resources:\n      limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 4096, nvidia.com/gpucores: 50}\n";
 
-/// The webhook of the default install: its objects as the chart made them, the process run with
-/// the Deployment's arguments and its service account's token, registering itself and converting
-/// a HAMi pod with nothing more than its RBAC allows.
+/// The webhook of the default install: its objects as the chart made them, the registration
+/// Job and the process run with their arguments and their service accounts' tokens, the Job
+/// registering the webhook, the webhook keeping its caBundle, converting a HAMi pod with nothing
+/// more than its RBAC allows, and unable to widen which requests are sent to it.
 fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<()> {
     let name = "vgpu-dra-webhook";
     let deploy = kubectl.get_json(&["deployment", name, "-n", NS])?;
@@ -469,25 +528,61 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
     anyhow::ensure!(service["spec"]["selector"]["app.kubernetes.io/component"] == "webhook", "{}", service["spec"]);
     let pdb = kubectl.get_json(&["poddisruptionbudget", name, "-n", NS])?;
     anyhow::ensure!(pdb["spec"]["selector"] == deploy["spec"]["selector"], "PDB selects {}", pdb["spec"]["selector"]);
-    // One ConfigMap for both: the webhook mounts the driver's.
+    // One ConfigMap for the driver, the webhook and the registration Job: the driver's.
     let ds = kubectl.get_json(&["daemonset", "vgpu-dra", "-n", NS])?;
+    let job = registration_job(plane, NS, "vgpu-dra")?;
     let volume = |spec: &serde_json::Value| {
         spec["spec"]["template"]["spec"]["volumes"]
             .as_array()
             .and_then(|v| v.iter().find(|v| v["name"] == "config").map(|v| v["configMap"]["name"].clone()))
     };
     anyhow::ensure!(volume(&deploy).is_some() && volume(&deploy) == volume(&ds), "webhook config {:?}", volume(&deploy));
+    anyhow::ensure!(volume(&job) == volume(&ds), "registration config {:?}", volume(&job));
+    // The Job and the webhook describe the same webhooks.
+    let registration_args = |args: Vec<String>| -> Vec<String> {
+        args.into_iter()
+            .filter(|a| {
+                [
+                    "--service-name",
+                    "--webhook-name",
+                    "--config",
+                    "--driver-name",
+                    "--device-class",
+                    "--timeout-seconds",
+                    "--excluded-namespaces",
+                    "--volcano-",
+                ]
+                .iter()
+                .any(|f| a.starts_with(f))
+            })
+            .collect()
+    };
+    anyhow::ensure!(
+        registration_args(container_args(&job)) == registration_args(container_args(&deploy)),
+        "the Job registers other webhooks than the Deployment serves"
+    );
 
+    // The webhook starts before the Job has run, as it does at install: ready, nothing calls it yet.
     let mut replica = run_as_webhook_pod(plane, NS, name)?;
     let as_webhook = kubectl.with_kubeconfig(replica.kubeconfig.clone());
-    // It makes its Secret and registers itself, with the CA and the chart's timeout.
-    let config = eventually("the webhook registers itself with its own RBAC", Duration::from_secs(60), || {
+    eventually("the webhook waiting for the registration", Duration::from_secs(60), || {
         replica.process.check_running()?;
-        Ok(kubectl.get_json(&["mutatingwebhookconfiguration", name]).ok())
+        Ok(std::fs::read_to_string(replica.process.log())?.contains("made by the registration Job").then_some(()))
+    })?;
+    anyhow::ensure!(kubectl.run(&["get", "mutatingwebhookconfiguration", name]).is_err(), "the webhook registered itself");
+    // Ready meanwhile: `helm install --wait` waits for the Deployment while the Job runs beside it.
+    let ready = http_get(replica.metrics_port, "/readyz")?;
+    anyhow::ensure!(ready.starts_with("HTTP/1.1 200"), "not ready before the registration: {ready}");
+    let log = run_registration_job(plane, NS, "vgpu-dra", &replica.url)?;
+    anyhow::ensure!(log.contains("registered; the webhook keeps its caBundle"), "{log}");
+    // The Job registered the webhook; the webhook adds its CA.
+    let config = eventually("the webhook's caBundle registered", Duration::from_secs(60), || {
+        replica.process.check_running()?;
+        let config = kubectl.get_json(&["mutatingwebhookconfiguration", name])?;
+        Ok(config["webhooks"][0]["clientConfig"]["caBundle"].as_str().is_some_and(|b| !b.is_empty()).then_some(config))
     })?;
     let hook = &config["webhooks"][0];
     anyhow::ensure!(hook["failurePolicy"] == "Fail" && hook["timeoutSeconds"] == 10, "{hook}");
-    anyhow::ensure!(hook["clientConfig"]["caBundle"].as_str().is_some_and(|b| !b.is_empty()), "no caBundle: {hook}");
     let excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"].to_string();
     anyhow::ensure!(excluded.contains("kube-system") && excluded.contains(NS), "excluded namespaces {excluded}");
     // Owned by the webhook's ClusterRole, which helm uninstall deletes (checked below).
@@ -502,10 +597,17 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
     );
     let secret = kubectl.get_json(&["secret", "vgpu-dra-webhook-tls", "-n", NS])?;
     anyhow::ensure!(secret["type"] == "kubernetes.io/tls", "{}", secret["type"]);
-    let health = http_get(replica.metrics_port, "/healthz")?;
-    anyhow::ensure!(health.starts_with("HTTP/1.1 200"), "{health}");
+    for path in ["/healthz", "/readyz"] {
+        let answer = http_get(replica.metrics_port, path)?;
+        anyhow::ensure!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
 
-    // A HAMi pod goes through it: a template created in the pod's namespace from the listed slices.
+    // A HAMi pod goes through it (the API server presenting the client certificate the chart's
+    // client CA signed): a template created in the pod's namespace from the listed slices.
+    eventually("the API server calling the webhook", Duration::from_secs(60), || {
+        let out = kubectl.run_with_input(&["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(HAMI_POD))?;
+        Ok(out.contains("resourceClaimTemplateName").then_some(()))
+    })?;
     kubectl.apply(HAMI_POD)?;
     let pod = kubectl.get_json(&["pod", "hami-pod", "-n", "default"])?;
     let template = pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap_or_default().to_owned();
@@ -519,17 +621,17 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
         as_webhook.run(&full).is_ok()
     };
     let own_hook = format!("mutatingwebhookconfigurations/{name}");
-    let own_role = format!("clusterroles.rbac.authorization.k8s.io/{name}");
     for allowed in [
         &["create", "resourceclaimtemplates", "-n", "default"][..],
         &["create", "resourceclaimtemplates", "-n", "team-a"],
+        // Read back when its name is taken, to compare.
+        &["get", "resourceclaimtemplates", "-n", "default"],
         &["list", "resourceslices"],
+        &["get", &own_hook],
         &["patch", &own_hook],
-        &["create", &own_hook],
         &["get", "secrets/vgpu-dra-webhook-tls", "-n", NS],
         &["update", "secrets/vgpu-dra-webhook-tls", "-n", NS],
         &["create", "secrets", "-n", NS],
-        &["get", &own_role],
     ] {
         anyhow::ensure!(may(allowed), "the webhook may not {allowed:?}");
     }
@@ -541,23 +643,26 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
         &["list", "secrets", "-n", NS],
         &["delete", "secrets/vgpu-dra-webhook-tls", "-n", NS],
         &["patch", "mutatingwebhookconfigurations/other"],
+        // The registration Job creates it; the webhook keeps its caBundle only.
+        &["create", &own_hook],
         &["delete", &own_hook],
         &["create", "validatingwebhookconfigurations"],
         &["update", "resourceslices"],
         &["watch", "resourceslices"],
-        &["get", "resourceclaimtemplates", "-n", "default"],
+        &["list", "resourceclaimtemplates", "-n", "default"],
         &["delete", "resourceclaimtemplates", "-n", "default"],
+        &["update", "resourceclaimtemplates", "-n", "default"],
         &["create", "resourceclaims", "-n", "default"],
         &["get", "pods", "-n", "default"],
         &["delete", "pods", "-n", "default"],
         &["get", "nodes"],
         &["get", "clusterroles.rbac.authorization.k8s.io/vgpu-dra"],
+        &["get", &format!("clusterroles.rbac.authorization.k8s.io/{name}")],
         &["list", "clusterroles.rbac.authorization.k8s.io"],
-        &["update", &own_role],
-        &["delete", &own_role],
     ] {
         anyhow::ensure!(!may(denied), "the webhook may {denied:?}");
     }
+    cannot_widen_its_registration(kubectl, &as_webhook, name)?;
 
     replica.process.check_running()?;
     let log = std::fs::read_to_string(replica.process.log())?;
@@ -572,6 +677,138 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
         Ok(left.trim().is_empty().then_some(()))
     })?;
     Ok(())
+}
+
+/// The webhook's own account (`as_webhook`, a token of a pod of its Deployment) cannot change
+/// which requests are sent to it, or where, or whether a failure lets them through: every field
+/// of its MutatingWebhookConfiguration but `caBundle` is refused by the chart's admission policy
+/// in the real API server (RBAC lets it patch the object), and so are deleting it and making it
+/// anew. It can still rotate the caBundle.
+fn cannot_widen_its_registration(kubectl: &Kubectl, as_webhook: &Kubectl, name: &str) -> anyhow::Result<()> {
+    let config = kubectl.get_json(&["mutatingwebhookconfiguration", name])?;
+    let hooks = config["webhooks"].as_array().map_or(0, Vec::len);
+    anyhow::ensure!(hooks == 2, "a pod and a Volcano Job webhook: {config}");
+    let w = "/webhooks/0";
+    let mut changes: Vec<(&str, serde_json::Value)> = vec![
+        ("all namespaces", serde_json::json!([{"op": "replace", "path": format!("{w}/namespaceSelector"), "value": {}}])),
+        (
+            "kube-system let in",
+            serde_json::json!([{"op": "replace", "path": format!("{w}/namespaceSelector/matchExpressions/0/values"), "value": [NS]}]),
+        ),
+        (
+            "an exclusion turned around",
+            serde_json::json!([{"op": "replace", "path": format!("{w}/namespaceSelector/matchExpressions/0/operator"), "value": "In"}]),
+        ),
+        ("every pod, not only HAMi's", serde_json::json!([{"op": "remove", "path": format!("{w}/matchConditions")}])),
+        (
+            "a match condition always true",
+            serde_json::json!([{"op": "replace", "path": format!("{w}/matchConditions/0/expression"), "value": "true"}]),
+        ),
+        ("every resource", serde_json::json!([{"op": "replace", "path": format!("{w}/rules/0/resources"), "value": ["*"]}])),
+        (
+            "updates too",
+            serde_json::json!([{"op": "replace", "path": format!("{w}/rules/0/operations"), "value": ["CREATE", "UPDATE"]}]),
+        ),
+        (
+            "an object selector",
+            serde_json::json!([{"op": "add", "path": format!("{w}/objectSelector"), "value": {"matchLabels": {"a": "b"}}}]),
+        ),
+        ("failing open", serde_json::json!([{"op": "replace", "path": format!("{w}/failurePolicy"), "value": "Ignore"}])),
+        ("exact matching", serde_json::json!([{"op": "replace", "path": format!("{w}/matchPolicy"), "value": "Exact"}])),
+        ("called again", serde_json::json!([{"op": "replace", "path": format!("{w}/reinvocationPolicy"), "value": "IfNeeded"}])),
+        ("side effects on dry runs", serde_json::json!([{"op": "replace", "path": format!("{w}/sideEffects"), "value": "None"}])),
+        ("a longer timeout", serde_json::json!([{"op": "replace", "path": format!("{w}/timeoutSeconds"), "value": 30}])),
+        (
+            "another review version",
+            serde_json::json!([{"op": "replace", "path": format!("{w}/admissionReviewVersions"), "value": ["v1", "v1beta1"]}]),
+        ),
+        (
+            "another URL",
+            serde_json::json!([{"op": "replace", "path": format!("{w}/clientConfig/url"), "value": "https://attacker.example.com/mutate"}]),
+        ),
+        ("a webhook less", serde_json::json!([{"op": "remove", "path": "/webhooks/1"}])),
+        ("no owner (left behind at uninstall)", serde_json::json!([{"op": "remove", "path": "/metadata/ownerReferences"}])),
+        ("other labels", serde_json::json!([{"op": "add", "path": "/metadata/labels/extra", "value": "x"}])),
+    ];
+    // A webhook more: a copy of the pod webhook under another name, sent every pod.
+    let mut extra = config["webhooks"][0].clone();
+    extra["name"] = "extra.vgpu-dra.io".into();
+    extra.as_object_mut().map(|o| o.remove("matchConditions"));
+    changes.push(("a webhook more", serde_json::json!([{"op": "add", "path": "/webhooks/-", "value": extra}])));
+    for (what, patch) in &changes {
+        // The admin may (the policy binds the webhook's account only): the policy is what stops it.
+        let dry = kubectl.run(&[
+            "patch",
+            "mutatingwebhookconfiguration",
+            name,
+            "--type=json",
+            "--dry-run=server",
+            "-p",
+            &patch.to_string(),
+        ]);
+        anyhow::ensure!(dry.is_ok(), "{what}: not a valid change to begin with: {dry:?}");
+        let err = as_webhook
+            .run(&["patch", "mutatingwebhookconfiguration", name, "--type=json", "-p", &patch.to_string()])
+            .err()
+            .with_context(|| format!("the webhook's account changed its registration: {what}"))?;
+        let err = format!("{err:#}");
+        anyhow::ensure!(
+            err.contains("vgpu-dra-webhook-own-registration") && err.contains("the vgpu-dra webhook may"),
+            "{what}: {err}"
+        );
+    }
+    anyhow::ensure!(kubectl.get_json(&["mutatingwebhookconfiguration", name])?["webhooks"] == config["webhooks"], "changed");
+
+    // The caBundle is its to rotate: another CA added, then the one it had.
+    let bundle = config["webhooks"][0]["clientConfig"]["caBundle"].as_str().unwrap_or_default().to_owned();
+    let other = base64_pem_of_another_ca(kubectl)?;
+    for value in [other, bundle] {
+        let patch: Vec<serde_json::Value> = (0..hooks)
+            .map(|i| serde_json::json!({"op": "replace", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": value}))
+            .collect();
+        as_webhook.run(&[
+            "patch",
+            "mutatingwebhookconfiguration",
+            name,
+            "--type=json",
+            "-p",
+            &serde_json::Value::from(patch).to_string(),
+        ])?;
+        let now = kubectl.get_json(&["mutatingwebhookconfiguration", name])?;
+        anyhow::ensure!(now["webhooks"][1]["clientConfig"]["caBundle"] == value.as_str(), "the caBundle rotation did not take");
+    }
+
+    // Nor may it delete its registration, or make one anew once it is gone.
+    let err = as_webhook.run(&["delete", "mutatingwebhookconfiguration", name, "--dry-run=server"]).expect_err("deleted");
+    anyhow::ensure!(format!("{err:#}").contains("forbidden"), "{err:#}");
+    let mut again = kubectl.get_json(&["mutatingwebhookconfiguration", name])?;
+    for key in ["resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"] {
+        again["metadata"].as_object_mut().map(|m| m.remove(key));
+    }
+    again["metadata"]["name"] = format!("{name}-anew").into();
+    let err = as_webhook.run_with_input(&["create", "-f", "-"], Some(&again.to_string())).expect_err("created");
+    anyhow::ensure!(format!("{err:#}").contains("forbidden"), "{err:#}");
+    Ok(())
+}
+
+/// A PEM CA of no one, base64 as a caBundle: the content of a rotation.
+fn base64_pem_of_another_ca(kubectl: &Kubectl) -> anyhow::Result<String> {
+    // The API server's own serving CA would do, but any PEM certificate is a valid caBundle:
+    // take the client CA the chart was given.
+    let cm = kubectl.get_json(&["configmap", "vgpu-dra-webhook-client-ca", "-n", NS])?;
+    let pem = cm["data"]["ca.crt"].as_str().context("no ca.crt")?;
+    let secret = kubectl.run(&[
+        "create",
+        "secret",
+        "generic",
+        "x",
+        "--from-literal",
+        &format!("ca={pem}"),
+        "--dry-run=client",
+        "-o",
+        "jsonpath={.data.ca}",
+    ])?;
+    Ok(secret.trim().to_owned())
 }
 
 /// The status line and body of `GET path` on loopback `port`.

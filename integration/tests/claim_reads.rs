@@ -94,7 +94,24 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     }
     kubectl.run(&["create", "namespace", NS])?;
     let chart = chart_dir();
-    let rendered = helm(plane, &["template", "vgpu-dra", chart.to_str().context("chart path")?, "-n", NS, "--set", IMAGE])?;
+    // The read ahead is what this test measures: the chart's podWatch (off by default) on.
+    let rendered = helm(
+        plane,
+        &[
+            "template",
+            "vgpu-dra",
+            chart.to_str().context("chart path")?,
+            "-n",
+            NS,
+            "--set",
+            IMAGE,
+            "--set",
+            "podWatch=true",
+            // The webhook is not run here: no client CA for it.
+            "--set",
+            "webhook.clientAuth.enabled=false",
+        ],
+    )?;
     kubectl.apply(&rendered)?;
     let user = format!("system:serviceaccount:{NS}:vgpu-dra");
 
@@ -104,7 +121,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         (format!("--metrics-address=127.0.0.1:{port_a}"), format!("--metrics-address=127.0.0.1:{port_b}"));
     let mut a = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-a", &["--mock-gpus=1xTesla T4:15Gi", &metrics_a])?;
     let mut b = run_as_daemonset_pod(plane, NS, "vgpu-dra", "node-b", &["--mock-gpus=1xTesla T4:15Gi", &metrics_b])?;
-    anyhow::ensure!(a.args.iter().any(|x| x == "--pod-watch=true"), "the chart's default runs the pod watch: {:?}", a.args);
+    anyhow::ensure!(a.args.iter().any(|x| x == "--pod-watch=true"), "podWatch=true runs the pod watch: {:?}", a.args);
     let (pod_a, pod_b) = ("vgpu-dra-node-a", "vgpu-dra-node-b");
     eventually("both nodes' slices published", Duration::from_secs(30), || {
         a.process.check_running()?;

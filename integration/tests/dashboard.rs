@@ -192,6 +192,9 @@ fn the_chart_ships_the_dashboard_for_the_grafana_sidecar_when_asked() {
             "monitoring",
             "--set",
             "image.repository=registry.example.com/vgpu-dra",
+            // The webhook is not looked at here: no client CA for it.
+            "--set",
+            "webhook.clientAuth.enabled=false",
         ]);
         for s in sets {
             cmd.args(["--set", s]);

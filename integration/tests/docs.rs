@@ -30,7 +30,7 @@ use vgpu_dra_integration::node::{Node, build_stand_in};
 use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
-const PAGES: [&str; 9] = [
+const PAGES: [&str; 10] = [
     "quickstart.md",
     "resource-model.md",
     "configuration.md",
@@ -39,8 +39,11 @@ const PAGES: [&str; 9] = [
     "kueue.md",
     "volcano.md",
     "metrics.md",
+    "security.md",
     "README.md",
 ];
+/// Where docs/security.md puts the API server's admission files.
+const ADMISSION_DIR: &str = "/etc/kubernetes/admission/";
 const NODE: &str = "gpu-node-1";
 
 #[derive(Debug)]
@@ -122,6 +125,9 @@ impl Docs {
             .env("HELM_CACHE_HOME", home.join("cache"))
             .env("HELM_CONFIG_HOME", home.join("config"))
             .env("HELM_DATA_HOME", home.join("data"))
+            // The CA of the client certificate the API server presents to webhooks (the install
+            // lines give it to the chart; docs/security.md makes one).
+            .env("WEBHOOK_CLIENT_CA", self.plane.webhook_client_ca())
             .output()
             .unwrap();
         eprintln!("--- {} ---\n{}{}", block.at(), String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -167,10 +173,12 @@ impl Docs {
             }
             ("yaml", "values") => {
                 let values = self.file(block);
+                let client_auth = common::chart::client_auth_sets(&self.plane);
                 let chart = chart_dir();
                 let rendered = common::chart::helm(
                     &self.plane,
-                    // Every install names the image the user built (README); values files need not.
+                    // Every install names the image the user built (README) and the CA of the
+                    // API server's client certificate (security.md); values files need not.
                     &[
                         "template",
                         "docs-values",
@@ -179,10 +187,10 @@ impl Docs {
                         "vgpu-dra",
                         "--set",
                         "image.repository=registry.example.com/vgpu-dra",
-                        "-f",
                     ]
                     .into_iter()
-                    .chain([values.to_str().unwrap()])
+                    .chain(client_auth.iter().map(String::as_str))
+                    .chain(["-f", values.to_str().unwrap()])
                     .collect::<Vec<_>>(),
                 );
                 let rendered = rendered.unwrap_or_else(|e| panic!("{}: {e:#}", block.at()));
@@ -191,6 +199,22 @@ impl Docs {
                     Some(&rendered),
                 );
                 assert!(checked.is_ok(), "{}: {:#}", block.at(), checked.unwrap_err());
+            }
+            ("yaml", tag @ ("admission-config" | "admission-kubeconfig")) => {
+                // The files the test bed's API server runs with, in its own directory.
+                let dir = self.plane.webhook_client_ca().parent().unwrap().to_owned();
+                let file = if tag == "admission-config" { "admission-config.yaml" } else { "webhook-client.kubeconfig" };
+                let ran = std::fs::read_to_string(dir.join(file)).unwrap();
+                let url_host = format!("127.0.0.1:{}", self.plane.webhook_port());
+                assert_eq!(
+                    block
+                        .body
+                        .replace(ADMISSION_DIR, &format!("{}/", dir.display()))
+                        .replace("name: vgpu-dra-webhook.vgpu-dra.svc", &format!("name: {url_host}")),
+                    ran,
+                    "{}: not the file the test bed's kube-apiserver runs with",
+                    block.at()
+                );
             }
             ("yaml", "vgpu-dra-config") => {
                 let config = self.file(block);

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    Dirs, NODE, PREPARE_FAIL_POINTS, claim_holder, claim_response, claim_with, driver, driver_with, hand_allocated_claim, kubelet, wait_dead,
+    Dirs, NODE, PREPARE_FAIL_POINTS, claim_holder, claim_response, claim_with, driver, driver_with, hand_allocated_claim,
+    kubelet, wait_dead,
 };
 use serde_json::Value;
 use vgpu_dra_integration::ControlPlane;

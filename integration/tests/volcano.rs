@@ -29,7 +29,9 @@ mod common;
 
 use common::seed_000::{self, DEMO};
 use common::webhook::{self, DEVICE_CLASS};
-use common::{DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, cdi_check, claim_holder, claim_response, hand_allocated_claim, kubelet, wait_dead};
+use common::{
+    DRIVER, Dirs, NODE, PREPARE_FAIL_POINTS, cdi_check, claim_holder, claim_response, hand_allocated_claim, kubelet, wait_dead,
+};
 
 /// Source document 000's card.
 const RTX_3060: &str = "--mock-gpus=1xNVIDIA GeForce RTX 3060:12Gi";
@@ -464,10 +466,7 @@ fn a_gang_half_refused_by_the_node_leaves_nothing_counted_once_given_up() {
     prepare(&mut k, &kubectl, &dirs, DEMO, first, &["CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "CUDA_DEVICE_SM_LIMIT=30"]).unwrap();
     let reply = k.prepare(&[(DEMO, second.as_str(), second_uid.as_str())]).unwrap();
     let error = claim_response(&reply, second_uid)["error"].as_str().unwrap_or_default().to_owned();
-    assert!(
-        error.contains("shares requested 1, only 0 of 1 free"),
-        "the second worker refused with the reason: {reply}"
-    );
+    assert!(error.contains("shares requested 1, only 0 of 1 free"), "the second worker refused with the reason: {reply}");
     assert_eq!(dirs.checkpointed(), vec![first_uid.clone()], "only the first worker is recorded");
     assert_eq!((dirs.specs_for(first_uid), dirs.specs_for(second_uid)), (1, 0));
 

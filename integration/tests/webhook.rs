@@ -110,7 +110,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     })?;
 
     // Two replicas starting together race to create the certificate Secret.
-    let (port, metrics_port) = (free_port()?, free_port()?);
+    // On the plane's webhook port, where the API server presents its client certificate.
+    let (port, metrics_port) = (plane.webhook_port(), free_port()?);
     let mut webhook = start_webhook_with(plane, "webhook", port, port, metrics_port, &[])?;
     let mut replica = start_webhook_with(plane, "webhook-replica", free_port()?, port, free_port()?, &[])?;
     // The API server picks the registration up a moment after it is made: a server-side dry run
@@ -232,7 +233,7 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     let dirs = Dirs::new(plane.dir());
     let _drv = driver(&plane, &dirs, "driver");
     let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduling/testdata/volcano-device-config.yaml");
-    let port = free_port().unwrap();
+    let port = plane.webhook_port();
     let mut webhook =
         start_webhook_with(&plane, "webhook", port, port, free_port().unwrap(), &[format!("--config={}", config.display())])
             .unwrap();

@@ -154,7 +154,8 @@ impl Bed {
     /// Starts the webhook (with `extra` flags) and waits until the API server calls it with
     /// `probe`, a pod it converts (a server-side dry run, which creates nothing).
     fn start_webhook(&mut self, extra: &[String], probe: &str) -> anyhow::Result<()> {
-        let (port, metrics) = (free_port()?, free_port()?);
+        // On the plane's webhook port, where the API server presents its client certificate.
+        let (port, metrics) = (self.plane.webhook_port(), free_port()?);
         let mut flags = vec![format!("--metrics-address=127.0.0.1:{metrics}")];
         flags.extend(extra.iter().cloned());
         let mut webhook = webhook::spawn(&self.plane, "webhook", (port, port), WEBHOOK_NAMESPACE, &flags)?;

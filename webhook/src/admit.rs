@@ -1,6 +1,12 @@
 //! One admission: read the pod, convert it with the class's facts, create the templates it
 //! references, answer. The cluster side sits behind [`Cluster`] so the review handling is tested
 //! without an API server.
+//!
+//! Templates are created only in the namespace of the request, and only for an object of that
+//! namespace. A template that exists already is used only when its content is what this
+//! conversion gives (read back and compared with a server-side dry run of ours, so defaults and
+//! canonical quantities compare equal): one someone else made under that name is not handed to
+//! the pod.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -46,6 +52,28 @@ pub enum AdmitError {
         #[source]
         source: kube::Error,
     },
+    /// A template of that name exists with other content than the conversion gives.
+    #[error(
+        "ResourceClaimTemplate {namespace}/{name} exists with content vgpu-dra did not give it, so pods of this shape \
+         cannot use it: delete it (vgpu-dra makes it again) or rename it"
+    )]
+    TemplateConflict {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// An existing template could not be read back or compared.
+    #[error("checking the existing ResourceClaimTemplate {namespace}/{name}")]
+    CheckTemplate {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
     /// An API call took longer than its timeout.
     #[error("{what}: no answer from the API server within {timeout:?}")]
     Timeout {
@@ -60,8 +88,8 @@ pub enum AdmitError {
 pub trait Cluster: Send + Sync + 'static {
     /// What the class's ResourceSlices offer.
     fn class_facts(&self) -> impl Future<Output = Result<ClassFacts, AdmitError>> + Send;
-    /// Creates `templates` in `namespace`; one that exists already counts as created (names are
-    /// content hashes, so it has the same content).
+    /// Creates `templates` in `namespace`; one that exists already counts as created when its
+    /// content is the same, and is [`AdmitError::TemplateConflict`] otherwise.
     fn create_templates(
         &self,
         namespace: &str,
@@ -188,7 +216,10 @@ impl<C: Cluster> Admitter<C> {
                 return (Outcome::Denied, Decision::Deny { message: e.to_string() });
             }
         };
-        let namespace = request.namespace.as_deref().or(pod.metadata.namespace.as_deref());
+        let namespace = match self.namespace_of(request, pod.metadata.namespace.as_deref()) {
+            Ok(namespace) => namespace,
+            Err(denied) => return denied,
+        };
         self.create_and_allow(request.dry_run, namespace, conversion.templates, conversion.patch, conversion.warnings).await
     }
 
@@ -211,8 +242,31 @@ impl<C: Cluster> Admitter<C> {
                 return (Outcome::Denied, Decision::Deny { message: e.to_string() });
             }
         };
-        let namespace = request.namespace.as_deref().or(job.metadata.namespace.as_deref());
+        let namespace = match self.namespace_of(request, job.metadata.namespace.as_deref()) {
+            Ok(namespace) => namespace,
+            Err(denied) => return denied,
+        };
         self.create_and_allow(request.dry_run, namespace, conversion.templates, conversion.patch, conversion.warnings).await
+    }
+
+    /// The namespace templates go to: the request's, which the object must not contradict (the
+    /// API server never sends such a review; a forged one is refused, not followed elsewhere).
+    fn namespace_of<'a, K: kube::Resource>(
+        &self,
+        request: &'a AdmissionRequest<K>,
+        object_namespace: Option<&str>,
+    ) -> Result<&'a str, (Outcome, Decision)> {
+        let deny = |message: String| {
+            self.metrics.denied("namespace");
+            Err((Outcome::Denied, Decision::Deny { message }))
+        };
+        match (request.namespace.as_deref(), object_namespace) {
+            (None | Some(""), _) => deny("vgpu-dra webhook: the review names no namespace".to_owned()),
+            (Some(ours), Some(theirs)) if !theirs.is_empty() && theirs != ours => {
+                deny(format!("vgpu-dra webhook: the object is of namespace {theirs:?}, the request of {ours:?}"))
+            }
+            (Some(ours), _) => Ok(ours),
+        }
     }
 
     /// Creates the templates a conversion references (none on a dry run) and admits with its
@@ -220,7 +274,7 @@ impl<C: Cluster> Admitter<C> {
     async fn create_and_allow(
         &self,
         dry_run: bool,
-        namespace: Option<&str>,
+        namespace: &str,
         templates: Vec<ResourceClaimTemplate>,
         patch: Vec<serde_json::Value>,
         warnings: Vec<String>,
@@ -229,7 +283,13 @@ impl<C: Cluster> Admitter<C> {
             return unchanged();
         }
         // A dry run must not leave templates behind (sideEffects: NoneOnDryRun).
-        if !dry_run && let Err(e) = self.cluster.create_templates(namespace.unwrap_or("default"), &templates).await {
+        if !dry_run && let Err(e) = self.cluster.create_templates(namespace, &templates).await {
+            if let AdmitError::TemplateConflict { .. } = e {
+                // Not the cluster's passing fault: retrying changes nothing until someone acts.
+                tracing::warn!(error = %e, "a template of ours is taken");
+                self.metrics.denied("template_conflict");
+                return (Outcome::Denied, Decision::Deny { message: format!("vgpu-dra webhook: {e}") });
+            }
             return (Outcome::Error, error_decision(&e));
         }
         (Outcome::Converted, Decision::Allow { patch, warnings })
@@ -284,10 +344,11 @@ pub struct KubeCluster {
     known: Arc<std::sync::Mutex<HashMap<(String, String), Instant>>>,
 }
 
-/// How long a template confirmed to exist is not asked for again: pods of one shape arrive in
-/// bursts (a Deployment, a Job), and one create per shape and minute keeps admissions off the
-/// API server. Templates are never rewritten (their name is their content), so the only risk is
-/// one deleted by hand, which the next minute's create brings back.
+/// How long a template confirmed to exist with our content is not asked for again: pods of one
+/// shape arrive in bursts (a Deployment, a Job), and one create per shape and minute keeps
+/// admissions off the API server. A template's spec cannot be changed, only the template
+/// deleted and made again; whoever may delete templates in a namespace can swap one between any
+/// admission and the claim made from it, so this adds no way in (docs/security.md).
 const KNOWN_TEMPLATE_FOR: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for KubeCluster {
@@ -321,6 +382,46 @@ impl KubeCluster {
             .map_err(|_| AdmitError::Timeout { what: "listing ResourceSlices".into(), timeout: self.timeout })?
             .map_err(|source| AdmitError::ListSlices { driver: self.driver.clone(), source })?;
         Ok(ClassFacts::from_slices(&list.items, &self.driver))
+    }
+}
+
+impl KubeCluster {
+    /// Whether the existing template of `template`'s name holds what creating `template` would
+    /// store: its spec equal to a server-side dry run of ours under another name (so defaults
+    /// and canonical quantities compare equal), and our labels.
+    async fn check_existing(
+        &self,
+        api: &Api<ResourceClaimTemplate>,
+        namespace: &str,
+        template: &ResourceClaimTemplate,
+    ) -> Result<(), AdmitError> {
+        let name = template.metadata.name.clone().unwrap_or_default();
+        let failed = |source| AdmitError::CheckTemplate { namespace: namespace.to_owned(), name: name.clone(), source };
+        let timed_out = |what: &str| AdmitError::Timeout {
+            what: format!("{what} ResourceClaimTemplate {namespace}/{name}"),
+            timeout: self.timeout,
+        };
+        let stored =
+            tokio::time::timeout(self.timeout, api.get(&name)).await.map_err(|_| timed_out("reading"))?.map_err(failed)?;
+        let mut probe = template.clone();
+        probe.metadata.name = None;
+        probe.metadata.generate_name = Some(format!("{name}-"));
+        let params = PostParams { dry_run: true, field_manager: Some(MANAGER.to_owned()) };
+        let expected = tokio::time::timeout(self.timeout, api.create(&params, &probe))
+            .await
+            .map_err(|_| timed_out("dry-run creating a copy of"))?
+            .map_err(failed)?;
+        let labels_kept = template
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .all(|(k, v)| stored.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v));
+        if stored.spec == expected.spec && labels_kept {
+            return Ok(());
+        }
+        tracing::debug!(namespace, template = name, stored = ?stored.spec, expected = ?expected.spec, "template content differs");
+        Err(AdmitError::TemplateConflict { namespace: namespace.to_owned(), name })
     }
 }
 
@@ -367,8 +468,10 @@ impl Cluster for KubeCluster {
                     tracing::info!(namespace, template = name, "ResourceClaimTemplate created");
                     self.known_lock().insert(key, Instant::now());
                 }
-                // Same name = same content: another admission made it first.
+                // Another admission made it first, or someone else took the name: ours only when
+                // its content is.
                 Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                    self.check_existing(&api, namespace, &template).await?;
                     self.known_lock().insert(key, Instant::now());
                 }
                 Ok(Err(source)) => {

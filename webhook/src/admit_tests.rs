@@ -4,6 +4,7 @@ use std::sync::Mutex as StdMutex;
 
 use serde_json::{Value, json};
 use vgpu_scheduling::compat::CardModel;
+use vgpu_scheduling::convert_pod;
 
 use super::*;
 use crate::review::tests::{job_review, pod_review};
@@ -12,6 +13,8 @@ use crate::review::tests::{job_review, pod_review};
 struct FakeCluster {
     fail: bool,
     hang: bool,
+    /// Every template name is taken by someone else's content.
+    conflict: bool,
     created: StdMutex<Vec<(String, ResourceClaimTemplate)>>,
 }
 
@@ -26,6 +29,10 @@ impl Cluster for Arc<FakeCluster> {
     async fn create_templates(&self, namespace: &str, templates: &[ResourceClaimTemplate]) -> Result<(), AdmitError> {
         if self.hang {
             std::future::pending::<()>().await;
+        }
+        if self.conflict {
+            let name = templates[0].metadata.name.clone().unwrap_or_default();
+            return Err(AdmitError::TemplateConflict { namespace: namespace.to_owned(), name });
         }
         let mut created = self.created.lock().unwrap();
         created.extend(templates.iter().map(|t| (namespace.to_owned(), t.clone())));
@@ -179,4 +186,219 @@ async fn a_bad_volcano_job_is_denied_naming_the_task_and_a_plain_one_passes() {
     // A pod review sent to the Job endpoint is not a Job: no task, nothing changes.
     let review = a.review_job(&pod_review(smoke_pod(json!({"nvidia.com/gpu": 1}), false), false)).await;
     assert!(response(&review).allowed && response(&review).patch.is_none());
+}
+
+/// Templates go only to the namespace of the request, for an object of that namespace: a
+/// review whose object names another namespace, or that names none, is refused with nothing
+/// created anywhere.
+#[tokio::test]
+async fn templates_are_created_only_in_the_requests_namespace() {
+    let cluster = Arc::new(FakeCluster::default());
+    let a = admitter(&cluster);
+    for (request, object, created_in) in [
+        (Some("team-a"), None, Some("team-a")),
+        (Some("team-a"), Some("team-a"), Some("team-a")),
+        (Some("team-b"), Some(""), Some("team-b")),
+        (Some("team-a"), Some("kube-system"), None),
+        (Some("team-a"), Some("team-b"), None),
+        (None, Some("team-b"), None),
+        (Some(""), None, None),
+    ] {
+        cluster.created.lock().unwrap().clear();
+        let mut pod = smoke_pod(json!({"nvidia.com/gpu": 1}), false);
+        if let Some(ns) = object {
+            pod["metadata"]["namespace"] = ns.into();
+        }
+        let review = a.review(&crate::review::tests::pod_review_in(pod, request)).await;
+        let r = response(&review);
+        let created: Vec<String> = cluster.created.lock().unwrap().iter().map(|(ns, _)| ns.clone()).collect();
+        match created_in {
+            Some(ns) => {
+                assert!(r.allowed, "{request:?}/{object:?}: {r:?}");
+                assert_eq!(created, [ns], "{request:?}/{object:?}");
+            }
+            None => {
+                assert!(!r.allowed && r.patch.is_none(), "{request:?}/{object:?}: {r:?}");
+                assert!(r.result.message.starts_with("vgpu-dra webhook: "), "{}", r.result.message);
+                assert!(created.is_empty(), "{request:?}/{object:?}: created in {created:?}");
+            }
+        }
+    }
+    assert_eq!(a.metrics.denials("namespace"), 4);
+    // A Volcano Job too.
+    let mut job = volcano_job(json!({"nvidia.com/gpu": 1}));
+    job["metadata"]["namespace"] = "kube-system".into();
+    cluster.created.lock().unwrap().clear();
+    let review = a.review_job(&job_review(job, false)).await;
+    assert!(!response(&review).allowed);
+    assert!(cluster.created.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_taken_template_name_refuses_the_pod_naming_the_template() {
+    let cluster = Arc::new(FakeCluster { conflict: true, ..Default::default() });
+    let a = admitter(&cluster);
+    let review = a.review(&pod_review(smoke_pod(json!({"nvidia.com/gpu": 1}), false), false)).await;
+    let r = response(&review);
+    assert!(!r.allowed && r.patch.is_none(), "{r:?}");
+    let message = &r.result.message;
+    assert!(message.starts_with("vgpu-dra webhook: ResourceClaimTemplate team-a/hami-vgpu-"), "{message}");
+    assert!(message.ends_with("delete it (vgpu-dra makes it again) or rename it"), "{message}");
+    assert!(!message.contains("try again"), "{message}");
+    assert_eq!((a.metrics.admissions(Outcome::Denied), a.metrics.denials("template_conflict")), (1, 1));
+}
+
+/// An API server holding the ResourceClaimTemplates of namespace team-a: create (409 for a
+/// name taken), get, and dry-run create, each stored or returned with a default filled in and
+/// quantities canonical, as the real one does.
+#[derive(Default)]
+struct TemplateApi {
+    stored: StdMutex<std::collections::BTreeMap<String, Value>>,
+    calls: StdMutex<Vec<String>>,
+}
+
+const TEMPLATES: &str = "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaimtemplates";
+
+/// What the API server makes of a template it is given.
+fn as_stored(mut template: Value) -> Value {
+    for request in template["spec"]["spec"]["devices"]["requests"].as_array_mut().into_iter().flatten() {
+        let exactly = &mut request["exactly"];
+        if exactly.get("allocationMode").is_none() {
+            exactly["allocationMode"] = "ExactCount".into();
+        }
+        if exactly["capacity"]["requests"]["memory"] == "4294967296" {
+            exactly["capacity"]["requests"]["memory"] = "4Gi".into();
+        }
+    }
+    template
+}
+
+impl TemplateApi {
+    fn answer(&self, method: &str, path: &str, query: &str, body: &[u8]) -> (u16, Value) {
+        self.calls.lock().unwrap().push(format!("{method} {path}?{query}"));
+        let status = |code: u16, reason: &str| {
+            (
+                code,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": reason}),
+            )
+        };
+        let mut stored = self.stored.lock().unwrap();
+        match (method, path.strip_prefix(TEMPLATES)) {
+            ("POST", Some("")) => {
+                let mut template = as_stored(serde_json::from_slice(body).unwrap());
+                if query.contains("dryRun=All") {
+                    let prefix = template["metadata"]["generateName"].as_str().unwrap().to_owned();
+                    template["metadata"]["name"] = format!("{prefix}x7k2p").into();
+                    return (201, template);
+                }
+                let name = template["metadata"]["name"].as_str().unwrap().to_owned();
+                if stored.contains_key(&name) {
+                    return status(409, "AlreadyExists");
+                }
+                stored.insert(name, template.clone());
+                (201, template)
+            }
+            ("GET", Some(name)) => match stored.get(name.trim_start_matches('/')) {
+                Some(t) => (200, t.clone()),
+                None => status(404, "NotFound"),
+            },
+            _ => status(405, "MethodNotAllowed"),
+        }
+    }
+
+    fn cluster(self: &Arc<Self>) -> KubeCluster {
+        let api = Arc::clone(self);
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let api = Arc::clone(&api);
+            async move {
+                let (method, path) = (request.method().to_string(), request.uri().path().to_owned());
+                let query = request.uri().query().unwrap_or_default().to_owned();
+                let body = request.into_body().collect_bytes().await.unwrap();
+                let (code, value) = api.answer(&method, &path, &query, &body);
+                let body = kube::client::Body::from(serde_json::to_vec(&value).unwrap());
+                Ok::<_, std::convert::Infallible>(http::Response::builder().status(code).body(body).unwrap())
+            }
+        });
+        KubeCluster::new(
+            kube::Client::new(service, "default"),
+            "hami-core-gpu.project-hami.io",
+            Duration::from_secs(5),
+            Duration::from_secs(10),
+        )
+    }
+}
+
+/// The template the smoke pod converts to.
+fn smoke_template() -> ResourceClaimTemplate {
+    let pod: Pod = serde_json::from_value(smoke_pod(json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096}), false)).unwrap();
+    let facts = ClassFacts::new([CardModel { product_name: "Tesla T4".into(), memory_bytes: 15 << 30 }], 1);
+    convert_pod(&pod, &CompatSettings::hami(), &facts).unwrap().templates.remove(0)
+}
+
+/// A template already under our name is used only when it holds what we would store; any other
+/// content under that name, whoever made it, is refused, and nothing is overwritten.
+#[tokio::test]
+async fn an_existing_template_is_used_only_with_the_content_we_would_store() {
+    let ours = smoke_template();
+    let name = ours.metadata.name.clone().unwrap();
+    let ours_json = serde_json::to_value(&ours).unwrap();
+    let edit = |f: &dyn Fn(&mut Value)| {
+        let mut t = ours_json.clone();
+        f(&mut t);
+        t
+    };
+    let cases: Vec<(&str, Value, bool)> = vec![
+        ("made by another admission", ours_json.clone(), true),
+        ("made by someone else with our content and more labels", edit(&|t| t["metadata"]["labels"]["team"] = "a".into()), true),
+        (
+            "other memory",
+            edit(&|t| t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"] = "8Gi".into()),
+            false,
+        ),
+        (
+            "another device class",
+            edit(&|t| t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "gpu.nvidia.com".into()),
+            false,
+        ),
+        (
+            "a second request",
+            edit(&|t| {
+                let first = t["spec"]["spec"]["devices"]["requests"][0].clone();
+                let mut second = first.clone();
+                second["name"] = "extra".into();
+                t["spec"]["spec"]["devices"]["requests"] = json!([first, second]);
+            }),
+            false,
+        ),
+        (
+            "a device config",
+            edit(&|t| {
+                t["spec"]["spec"]["devices"]["config"] = json!([{"opaque": {"driver": "x.example.com", "parameters": {}}}])
+            }),
+            false,
+        ),
+        ("labels for the claims", edit(&|t| t["spec"]["metadata"] = json!({"labels": {"sneaky": "yes"}})), false),
+        ("without our label", edit(&|t| t["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "someone"})), false),
+    ];
+    for (case, existing, usable) in cases {
+        let api = Arc::new(TemplateApi::default());
+        let stored = as_stored(existing);
+        api.stored.lock().unwrap().insert(name.clone(), stored.clone());
+        let cluster = api.cluster();
+        let result = cluster.create_templates("team-a", std::slice::from_ref(&ours)).await;
+        match (usable, result) {
+            (true, Ok(())) => {}
+            (false, Err(AdmitError::TemplateConflict { namespace, name: taken })) => {
+                assert_eq!((namespace.as_str(), taken.as_str()), ("team-a", name.as_str()), "{case}");
+            }
+            (_, other) => panic!("{case}: {other:?}"),
+        }
+        assert_eq!(api.stored.lock().unwrap()[&name], stored, "{case}: never overwritten");
+        let calls = api.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 3, "{case}: create, get, dry-run create: {calls:?}");
+        // Confirmed ours: not asked again for a while; taken: asked again at the next pod.
+        let again = cluster.create_templates("team-a", std::slice::from_ref(&ours)).await;
+        assert_eq!(again.is_ok(), usable, "{case}");
+        assert_eq!(api.calls.lock().unwrap().len(), if usable { 3 } else { 6 }, "{case}");
+    }
 }

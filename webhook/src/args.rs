@@ -87,6 +87,44 @@ pub struct WebhookArgs {
     /// Address of the plain-HTTP metrics and health endpoint; none when absent.
     #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
+    /// PEM file of the CAs of the client certificate the API server presents (its admission
+    /// configuration's kubeconfig): a client without a certificate of theirs is refused before
+    /// any review is read. Absent: any client that reaches the port may send reviews (a warning
+    /// says so at start).
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Names the client certificate must carry, as its subject common name or a DNS subject
+    /// alternative name (comma-separated or repeated), so that another certificate of a shared
+    /// CA is refused; none: any certificate of `--client-ca-file`.
+    #[arg(long = "client-name", env = "VGPU_DRA_WEBHOOK_CLIENT_NAMES", value_delimiter = ',', requires = "client_ca_file",
+          value_parser = parse_client_name)]
+    pub client_names: Vec<String>,
+    /// Who writes the MutatingWebhookConfiguration: `full` (this process, all of it: get, create
+    /// and patch of it), `registrar` (this process writes all of it but the caBundle, then exits:
+    /// the chart's registration Job) or `ca-bundle` (this process serves and keeps only the
+    /// caBundle of the configuration the registrar made: get and patch of it).
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_REGISTRATION", value_enum, default_value_t = RegistrationMode::Full)]
+    pub registration: RegistrationMode,
+}
+
+/// Who writes the MutatingWebhookConfiguration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RegistrationMode {
+    /// The webhook writes all of it and keeps its caBundle current.
+    Full,
+    /// Write all of it but the caBundle, then exit (a separate, short-lived identity).
+    Registrar,
+    /// Serve, keeping only the caBundle of the configuration the registrar made.
+    CaBundle,
+}
+
+/// A client name: non-empty, no blanks.
+fn parse_client_name(value: &str) -> Result<String, String> {
+    let name = value.trim();
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        return Err(format!("{value:?}: a client name is a common name or DNS name without blanks"));
+    }
+    Ok(name.to_owned())
 }
 
 /// A namespace name as the API would accept it, so a typo is refused at start rather than
@@ -184,6 +222,34 @@ mod tests {
         assert!(!set.args.volcano_jobs);
         let err = Cli::try_parse_from([&base[..], &["--excluded-namespaces=kube-system,Bad_NS"]].concat()).unwrap_err();
         assert!(err.to_string().contains("Bad_NS"), "{err}");
+    }
+
+    #[test]
+    fn client_auth_and_registration_flags() {
+        let base = ["x", "--namespace=vgpu", "--service-name=s"];
+        let parse = |extra: &[&str]| Cli::try_parse_from([&base[..], extra].concat()).map(|c| c.args);
+        let default = parse(&[]).unwrap();
+        assert_eq!((default.client_ca_file, default.client_names.len()), (None, 0));
+        assert_eq!(default.registration, RegistrationMode::Full);
+        let set = parse(&[
+            "--client-ca-file=/etc/ca.crt",
+            "--client-name=kube-apiserver,apiserver.example.com",
+            "--client-name=other",
+            "--registration=ca-bundle",
+        ])
+        .unwrap();
+        assert_eq!(set.client_ca_file.as_deref(), Some(std::path::Path::new("/etc/ca.crt")));
+        assert_eq!(set.client_names, ["kube-apiserver", "apiserver.example.com", "other"]);
+        assert_eq!(set.registration, RegistrationMode::CaBundle);
+        assert_eq!(parse(&["--registration=registrar"]).unwrap().registration, RegistrationMode::Registrar);
+        for bad in [
+            &["--client-name=kube-apiserver"][..],
+            &["--client-ca-file=/ca", "--client-name=a,,b"],
+            &["--client-ca-file=/ca", "--client-name=a b"],
+            &["--registration=self"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -5,7 +5,14 @@
 //!
 //! A renewal goes: write the Secret (its `ca.crt` holding the new CA and the earlier ones still
 //! valid), register the new `ca.crt` as the webhook's `caBundle`, then serve the new certificate.
-//! Every replica re-reads the Secret, so one that did not renew follows within one check.
+//! Every replica re-reads the Secret, so one that did not renew follows within one check; the
+//! registration keeps the CAs already registered that are still valid (`registration`), so a
+//! replica still serving an older certificate stays trusted meanwhile.
+//!
+//! A self-signed Secret that is gone, unreadable, or whose key is corrupt or does not match its
+//! certificate is replaced (with a warning naming the problem) rather than failing every
+//! replica's start. An external Secret (cert-manager's) is never written: while it is unusable the
+//! webhook waits, not ready, and says why.
 
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -17,6 +24,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use tokio_util::sync::CancellationToken;
 
+use crate::client_auth::ClientAuth;
+use crate::server::Readiness;
 use crate::tls::{CA_KEY, CertBundle, TlsError, secret_text};
 
 /// The longest pause between reads while waiting for an external Secret.
@@ -68,16 +77,17 @@ impl CertSecret {
         Self { api, namespace: namespace.to_owned(), name: name.to_owned(), mode, timeout }
     }
 
-    /// The bundle to start with: self-signed, the stored one (made or renewed first when
-    /// needed); external, the Secret once it exists. `None` when `cancel` fires first.
+    /// The bundle to start with: self-signed, the stored one (made, renewed or replaced first
+    /// when needed); external, the Secret once it exists and is usable, `readiness` saying
+    /// meanwhile what is wrong with it. `None` when `cancel` fires first.
     ///
     /// # Errors
-    /// [`TlsError`] when the API fails or times out (self-signed), or the Secret is incomplete.
-    pub async fn initial(&self, cancel: &CancellationToken) -> Result<Option<CertBundle>, TlsError> {
+    /// [`TlsError`] when the API fails or times out (self-signed).
+    pub async fn initial(&self, cancel: &CancellationToken, readiness: &Readiness) -> Result<Option<CertBundle>, TlsError> {
         match &self.mode {
             Mode::SelfSigned { names, validity } => self.ensure(names, *validity).await.map(Some),
             Mode::External { .. } => {
-                let bundle = self.wait(cancel).await?;
+                let bundle = self.wait(cancel, readiness).await;
                 if let Some(bundle) = &bundle {
                     self.warn_unless_covered(bundle);
                 }
@@ -108,9 +118,15 @@ impl CertSecret {
         let existing = self.read().await?;
         let earlier_cas = match &existing {
             Some(secret) => match CertBundle::from_secret(secret) {
-                Ok(bundle) => match bundle.renewal_reason(names, validity, now) {
-                    None => return Ok(bundle),
-                    Some(reason) => {
+                Ok(bundle) => match (bundle.certified_key(), bundle.renewal_reason(names, validity, now)) {
+                    (Ok(_), None) => return Ok(bundle),
+                    // Every replica would fail to serve it: replaced, not a crash loop.
+                    (Err(e), _) => {
+                        tracing::warn!(secret = %self, error = crate::error_chain(&e),
+                            "replacing the certificate Secret: its key is unreadable or does not match its certificate");
+                        bundle.ca_pem
+                    }
+                    (Ok(_), Some(reason)) => {
                         let not_after = bundle.validity().map(|v| v.not_after);
                         tracing::info!(secret = %self, ?names, ?not_after, reason, "renewing the webhook certificate");
                         bundle.ca_pem
@@ -144,24 +160,37 @@ impl CertSecret {
         }
     }
 
-    /// The external Secret once it exists, read again after a pause growing to [`WAIT_MAX`];
-    /// `None` when `cancel` fires first.
-    async fn wait(&self, cancel: &CancellationToken) -> Result<Option<CertBundle>, TlsError> {
+    /// The external Secret once it exists and holds a certificate and a key that serve, read
+    /// again after a pause growing to [`WAIT_MAX`]; `None` when `cancel` fires first. Each new
+    /// reason to wait is logged once and is `readiness`'s reason meanwhile.
+    async fn wait(&self, cancel: &CancellationToken, readiness: &Readiness) -> Option<CertBundle> {
         let mut pause = Duration::from_secs(1);
-        let mut told = false;
+        let mut told = None;
         loop {
-            match self.read().await {
-                Ok(Some(secret)) => return CertBundle::from_secret(&secret).map(Some),
-                Ok(None) if !told => {
-                    tracing::info!(secret = %self, "waiting for the certificate Secret (--certificate-source=secret)");
-                    told = true;
-                }
-                Ok(None) => {}
+            let why = match self.read().await {
+                Ok(Some(secret)) => match CertBundle::from_secret(&secret).and_then(|b| b.certified_key().map(|_| b)) {
+                    Ok(bundle) => return Some(bundle),
+                    // Its issuer's to fix: never rewritten here.
+                    Err(e) => format!(
+                        "the certificate Secret {self} is not usable ({}); waiting for its issuer to fix it",
+                        crate::error_chain(&e)
+                    ),
+                },
+                Ok(None) => format!("waiting for the certificate Secret {self} (--certificate-source=secret)"),
                 // The API server may be starting too: keep waiting, and say why.
-                Err(e) => tracing::warn!(error = crate::error_chain(&e), "waiting for the certificate Secret"),
+                Err(e) => format!("waiting for the certificate Secret: {}", crate::error_chain(&e)),
+            };
+            if told.as_ref() != Some(&why) {
+                if why.starts_with("the certificate Secret") {
+                    tracing::warn!(secret = %self, "{why}");
+                } else {
+                    tracing::info!(secret = %self, "{why}");
+                }
+                readiness.set_not_ready(why.clone());
+                told = Some(why);
             }
             tokio::select! {
-                () = cancel.cancelled() => return Ok(None),
+                () = cancel.cancelled() => return None,
                 () = tokio::time::sleep(pause) => {}
             }
             pause = (pause * 2).min(WAIT_MAX);
@@ -221,10 +250,16 @@ impl ServingCert {
     }
 
     /// A rustls server configuration (HTTP/1.1, the process-wide crypto provider) presenting
-    /// whatever this serves at the time of each handshake.
-    pub fn server_config(self: &Arc<Self>) -> Arc<rustls::ServerConfig> {
+    /// whatever this serves at the time of each handshake, and, with `client_auth`, refusing a
+    /// client without a certificate it accepts.
+    pub fn server_config(self: &Arc<Self>, client_auth: Option<&ClientAuth>) -> Arc<rustls::ServerConfig> {
         let resolver: Arc<dyn ResolvesServerCert> = Arc::clone(self) as _;
-        let mut config = rustls::ServerConfig::builder().with_no_client_auth().with_cert_resolver(resolver);
+        let builder = rustls::ServerConfig::builder();
+        let builder = match client_auth {
+            Some(auth) => builder.with_client_cert_verifier(auth.verifier()),
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder.with_cert_resolver(resolver);
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Arc::new(config)
     }

@@ -9,6 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;
 
 use super::*;
+use crate::tls::{CERT_KEY, KEY_KEY};
 const DAY: Duration = Duration::from_secs(86_400);
 const TIMEOUT: Duration = Duration::from_secs(5);
 const SECRET: &str = "/api/v1/namespaces/ns/secrets/tls";
@@ -243,7 +244,7 @@ async fn an_external_secret_is_waited_for_and_never_written() {
     let cancel = CancellationToken::new();
     let waiting = tokio::spawn({
         let (secret, cancel) = (secret.clone(), cancel.clone());
-        async move { secret.initial(&cancel).await }
+        async move { secret.initial(&cancel, &Readiness::not_ready("test")).await }
     });
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(!waiting.is_finished());
@@ -272,7 +273,7 @@ async fn an_external_secret_is_waited_for_and_never_written() {
     // Stopped while waiting.
     let waiting = tokio::spawn({
         let (secret, cancel) = (secret.clone(), cancel.clone());
-        async move { secret.initial(&cancel).await }
+        async move { secret.initial(&cancel, &Readiness::not_ready("test")).await }
     });
     tokio::time::sleep(Duration::from_secs(30)).await;
     cancel.cancel();
@@ -280,13 +281,71 @@ async fn an_external_secret_is_waited_for_and_never_written() {
     assert_eq!(api.writes(), 0, "{:?}", api.calls());
 }
 
+/// A change made to a stored Secret.
+type Corrupt = Box<dyn Fn(&mut Secret)>;
+
+/// The ways a Secret's certificate and key can be unusable, each applied to a stored bundle.
+fn corruptions() -> Vec<(&'static str, Corrupt)> {
+    let set = |key: &'static str, text: String| -> Corrupt {
+        Box::new(move |s: &mut Secret| {
+            s.data.as_mut().unwrap().insert(key.to_owned(), k8s_openapi::ByteString(text.clone().into_bytes()));
+        })
+    };
+    vec![
+        ("the key of another certificate", set(KEY_KEY, made(0).key_pem)),
+        ("a key that is not one", set(KEY_KEY, "-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n".into())),
+        ("a certificate that is not one", set(CERT_KEY, "-----BEGIN CERTIFICATE-----\nbm90\n-----END CERTIFICATE-----\n".into())),
+        ("no key", Box::new(|s: &mut Secret| drop(s.data.as_mut().unwrap().remove(KEY_KEY)))),
+        ("no CA", Box::new(|s: &mut Secret| drop(s.data.as_mut().unwrap().remove(CA_KEY)))),
+    ]
+}
+
 #[tokio::test]
-async fn an_external_secret_without_its_ca_is_refused_by_name() {
-    let api = FakeApi::holding(Some(&made(0)));
-    api.stored.lock().unwrap().secret.as_mut().unwrap().data.as_mut().unwrap().remove(CA_KEY);
-    let err = api.secret(external()).initial(&CancellationToken::new()).await.unwrap_err();
-    assert_eq!(err.to_string(), "Secret ns/tls: ca.crt is missing or not valid PEM");
-    assert_eq!(api.writes(), 0);
+async fn an_unusable_self_signed_secret_is_replaced_not_a_crash_loop() {
+    crate::install_crypto_provider();
+    for (what, corrupt) in corruptions() {
+        let good = made(10);
+        let api = FakeApi::holding(Some(&good));
+        corrupt(api.stored.lock().unwrap().secret.as_mut().unwrap());
+        // What every replica starts with, and what the check of a running one reads.
+        let replaced = api.secret(self_signed()).initial(&CancellationToken::new(), &Readiness::not_ready("t")).await;
+        let replaced = replaced.unwrap_or_else(|e| panic!("{what}: {e}")).unwrap();
+        assert!(replaced.certified_key().is_ok(), "{what}: the new bundle serves");
+        assert!(replaced.covers(&names()), "{what}");
+        assert_eq!(api.writes(), 1, "{what}: replaced once: {:?}", api.calls());
+        assert_eq!(api.stored().unwrap(), replaced, "{what}");
+        // The CA replicas may still be serving a certificate of stays trusted.
+        if what != "no CA" {
+            assert!(replaced.ca_certificates().contains(&good.ca_certificates()[0]), "{what}: the old CA is kept");
+        }
+        // Read again, it is kept.
+        assert_eq!(api.secret(self_signed()).current().await.unwrap(), replaced, "{what}");
+        assert_eq!(api.writes(), 1, "{what}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unusable_external_secret_is_waited_for_not_ready_and_never_written() {
+    crate::install_crypto_provider();
+    for (what, corrupt) in corruptions() {
+        let api = FakeApi::holding(Some(&made(0)));
+        corrupt(api.stored.lock().unwrap().secret.as_mut().unwrap());
+        let readiness = Readiness::not_ready("starting");
+        let waiting = tokio::spawn({
+            let (secret, readiness) = (api.secret(external()), readiness.clone());
+            async move { secret.initial(&CancellationToken::new(), &readiness).await }
+        });
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!waiting.is_finished(), "{what}: no exit, no crash loop");
+        let reason = readiness.reason().unwrap_or_default();
+        assert!(reason.starts_with("the certificate Secret ns/tls is not usable ("), "{what}: {reason}");
+        assert!(reason.ends_with("waiting for its issuer to fix it"), "{what}: {reason}");
+        // The issuer fixes it: served, and nothing was ever written here.
+        let fixed = made(0);
+        api.store(&fixed);
+        assert_eq!(waiting.await.unwrap().unwrap(), Some(fixed), "{what}");
+        assert_eq!(api.writes(), 0, "{what}: the issuer's Secret is never written here: {:?}", api.calls());
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -350,7 +409,8 @@ async fn the_resolver_serves_the_new_certificate_after_a_swap() {
     let address = listener.local_addr().unwrap();
     let router = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
     let cancel = CancellationToken::new();
-    let server = tokio::spawn(crate::server::serve_tls(listener, serving.server_config(), router, cancel.clone()));
+    let refusals = crate::server::Refusals::new(crate::metrics::Metrics::unregistered());
+    let server = tokio::spawn(crate::server::serve_tls(listener, serving.server_config(None), router, refusals, cancel.clone()));
 
     let mut before = connect(address, &old.ca_pem).await.unwrap();
     assert!(healthz(&mut before).await.starts_with("HTTP/1.1 200"));

@@ -9,13 +9,15 @@
 //! ([`admit`]), its serving certificate kept in a Secret, self-signed with finite validity and
 //! renewed before expiry or written by cert-manager ([`tls`]), reloaded without a restart
 //! ([`certs`]), the MutatingWebhookConfiguration with `matchConditions` so only such pods are
-//! sent ([`registration`]), HTTPS serving ([`server`]) and metrics ([`metrics`]).
+//! sent ([`registration`]), HTTPS serving that admits only the API server's client certificate
+//! ([`client_auth`], [`server`]) and metrics ([`metrics`]).
 //! What it does not do: the conversion rules (they live in the scheduling crate, shared with the
 //! node daemon).
 
 pub mod admit;
 pub mod args;
 pub mod certs;
+pub mod client_auth;
 pub mod metrics;
 pub mod registration;
 pub mod review;

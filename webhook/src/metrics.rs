@@ -1,5 +1,6 @@
 //! Admission metrics: `vgpu_dra_webhook_admissions_total{outcome}`,
-//! `vgpu_dra_webhook_denials_total{reason}` and `vgpu_dra_webhook_admission_duration_seconds{outcome}`.
+//! `vgpu_dra_webhook_denials_total{reason}`, `vgpu_dra_webhook_admission_duration_seconds{outcome}`
+//! and `vgpu_dra_webhook_refused_clients_total{reason}` (TLS clients refused for their certificate).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -50,6 +51,7 @@ pub struct Metrics {
     admissions: Family<OutcomeLabels, Counter>,
     denials: Family<ReasonLabels, Counter>,
     duration: Family<OutcomeLabels, Histogram>,
+    refused: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -60,6 +62,11 @@ impl Metrics {
         sub.register("admissions", "Pod admissions by outcome", this.admissions.clone());
         sub.register("denials", "Pods denied by the HAMi conversion rules, by reason", this.denials.clone());
         sub.register("admission_duration_seconds", "Time to answer an admission review", this.duration.clone());
+        sub.register(
+            "refused_clients",
+            "TLS clients refused before any review was read: no client certificate, one of another CA, or of another name",
+            this.refused.clone(),
+        );
         this
     }
 
@@ -70,6 +77,7 @@ impl Metrics {
             denials: Family::default(),
             // 1 ms .. ~4 s: a review lists slices and creates templates, bounded by API timeouts.
             duration: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 13))),
+            refused: Family::default(),
         }
     }
 
@@ -83,6 +91,21 @@ impl Metrics {
     /// Counts one denial by its reason (`CompatError::reason`).
     pub fn denied(&self, reason: &'static str) {
         self.denials.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Counts one client refused in the TLS handshake, by `reason` (`client_auth::Refusal::label`).
+    pub fn refused_client(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// Clients refused for `reason` (tests and diagnostics).
+    pub fn refused_clients(&self, reason: &'static str) -> u64 {
+        self.refused.get_or_create(&ReasonLabels { reason }).get()
+    }
+
+    /// Denials counted with `reason` (tests and diagnostics).
+    pub fn denials(&self, reason: &'static str) -> u64 {
+        self.denials.get_or_create(&ReasonLabels { reason }).get()
     }
 
     /// Admissions counted with `outcome` (tests and diagnostics).
@@ -103,10 +126,12 @@ mod tests {
         let metrics = Metrics::new(&mut registry);
         metrics.observe(Outcome::Denied, 0.002);
         metrics.denied("privileged");
+        metrics.refused_client("no_certificate");
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("vgpu_dra_webhook_admissions_total{outcome=\"denied\"} 1"), "{text}");
         assert!(text.contains("vgpu_dra_webhook_denials_total{reason=\"privileged\"} 1"), "{text}");
         assert!(text.contains("vgpu_dra_webhook_admission_duration_seconds_count{outcome=\"denied\"} 1"), "{text}");
+        assert!(text.contains("vgpu_dra_webhook_refused_clients_total{reason=\"no_certificate\"} 1"), "{text}");
     }
 }

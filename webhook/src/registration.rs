@@ -1,7 +1,18 @@
 //! The MutatingWebhookConfiguration that sends HAMi-style pods here, and only those.
+//!
+//! Who writes it: the webhook itself (`--registration=full`), or, as the chart installs it, a
+//! registration Job (`--registration=registrar`: everything but the `caBundle`, then exit) while
+//! the serving webhook only keeps the `caBundle` current (`--registration=ca-bundle`); the
+//! chart's admission policy then holds the webhook's own identity to that field.
+//!
+//! A `caBundle` is never narrowed by a write here: the CAs already registered that are still
+//! valid are kept beside the new ones (the newest first, [`crate::tls::merge_ca_bundles`]), and
+//! each write is conditional on the version read, so a replica with an older Secret (starting
+//! during a renewal, or still serving a certificate of a deleted Secret) neither drops a CA
+//! another replica serves nor loses a concurrent writer's.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -11,14 +22,21 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams};
 
+use crate::tls::merge_ca_bundles;
+
 /// Path the webhook serves pod admissions on.
 pub const PODS_PATH: &str = "/mutate-pods";
 /// Path the webhook serves Volcano Job admissions on.
 pub const JOBS_PATH: &str = "/mutate-volcano-jobs";
 /// API group of Volcano's batch Jobs.
 pub const VOLCANO_BATCH_GROUP: &str = "batch.volcano.sh";
-/// Field manager of the server-side apply.
+/// Field manager of the webhook's own writes.
 const MANAGER: &str = "vgpu-dra-webhook";
+/// Field manager of the registration Job's apply.
+const REGISTRAR: &str = "vgpu-dra-webhook-registrar";
+/// Conditional writes tried before giving up to the next check (each loses only to another
+/// writer's success).
+const ATTEMPTS: usize = 5;
 
 /// Where the API server reaches the webhook.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,8 +56,8 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The client configuration for the endpoint serving `path` ([`PODS_PATH`] or [`JOBS_PATH`]).
-    fn client_config(&self, path: &str, ca_bundle: &str) -> WebhookClientConfig {
-        let ca_bundle = Some(ByteString(ca_bundle.as_bytes().to_vec()));
+    fn client_config(&self, path: &str, ca_bundle: Option<&str>) -> WebhookClientConfig {
+        let ca_bundle = ca_bundle.map(|ca| ByteString(ca.as_bytes().to_vec()));
         match self {
             Self::Service { name, namespace } => WebhookClientConfig {
                 service: Some(ServiceReference {
@@ -75,8 +93,9 @@ pub struct Registration {
     pub name: String,
     /// Where the API server sends reviews.
     pub endpoint: Endpoint,
-    /// The CA that signed the serving certificate (PEM).
-    pub ca_bundle: String,
+    /// The CAs that signed the serving certificates (PEM); none for the registration Job,
+    /// which leaves the field to the webhook.
+    pub ca_bundle: Option<String>,
     /// The CEL expression selecting the pods (`vgpu_scheduling::compat::pod_match_condition`).
     pub match_condition: String,
     /// The CEL expression selecting Volcano Jobs (`vgpu_scheduling::compat::job_match_condition`);
@@ -112,6 +131,38 @@ pub enum RegistrationError {
         name: String,
         /// The timeout.
         timeout: Duration,
+    },
+    /// The configuration does not exist (yet): `--registration=ca-bundle` waits for the
+    /// registration Job to make it.
+    #[error("MutatingWebhookConfiguration {name} does not exist (yet): it is made by the registration Job")]
+    NotRegistered {
+        /// Name.
+        name: String,
+    },
+    /// The configuration has no webhook of the name this one serves.
+    #[error("MutatingWebhookConfiguration {name} has no webhook {webhook}")]
+    NoWebhook {
+        /// Configuration name.
+        name: String,
+        /// The webhook missing.
+        webhook: String,
+    },
+    /// The configuration could not be read or patched.
+    #[error("{what} MutatingWebhookConfiguration {name}")]
+    Api {
+        /// The step.
+        what: &'static str,
+        /// Name.
+        name: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// Other writers kept changing the configuration between our read and write.
+    #[error("MutatingWebhookConfiguration {name} kept changing under {ATTEMPTS} conditional writes")]
+    Contended {
+        /// Name.
+        name: String,
     },
     /// The owner ClusterRole could not be read (absent, or no `get` on it).
     #[error("reading ClusterRole {name}, the owner of the webhook configuration")]
@@ -206,7 +257,7 @@ impl Registration {
         MutatingWebhook {
             name,
             admission_review_versions: vec!["v1".to_owned()],
-            client_config: self.endpoint.client_config(path, &self.ca_bundle),
+            client_config: self.endpoint.client_config(path, self.ca_bundle.as_deref()),
             // Fail: a HAMi workload let through unconverted would ask the kubelet for
             // nvidia.com/gpu, which no node has. matchConditions keep every other object away, so
             // an outage blocks only these.
@@ -231,14 +282,109 @@ impl Registration {
         }
     }
 
+    /// The names of the webhooks of this configuration.
+    fn webhook_names(&self) -> Vec<String> {
+        std::iter::once(self.webhook_name()).chain(self.job_match_condition.as_ref().map(|_| self.job_webhook_name())).collect()
+    }
+
     /// Creates or updates the configuration (server-side apply, so replicas applying the same
-    /// object agree and fields others own are left alone).
+    /// object agree and fields others own are left alone). With a `caBundle`, the CAs registered
+    /// now that are still valid are kept beside it, and the write is conditional on the version
+    /// read; without one (the registration Job), the field is left to the webhook.
     ///
     /// # Errors
     /// [`RegistrationError`] when the API server refuses or does not answer within `timeout`.
     pub async fn apply(&self, client: kube::Client, timeout: Duration) -> Result<(), RegistrationError> {
         let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-        let mut object = self.configuration();
+        let Some(ours) = &self.ca_bundle else {
+            return self.apply_object(&api, self.configuration(), REGISTRAR, timeout).await;
+        };
+        for _ in 0..ATTEMPTS {
+            let current = self.read(&api, timeout).await?;
+            let registered = current.as_ref().map(|c| registered_ca_bundle(c, &self.webhook_names())).unwrap_or_default();
+            let merged = merge_ca_bundles(ours, &registered, SystemTime::now());
+            let mut object = Registration { ca_bundle: Some(merged), ..self.clone() }.configuration();
+            // A conflict when someone wrote in between: read again and merge with theirs.
+            object.metadata.resource_version = current.and_then(|c| c.metadata.resource_version);
+            match self.apply_object(&api, object, MANAGER, timeout).await {
+                Err(RegistrationError::Apply { source: kube::Error::Api(s), .. }) if s.code == 409 => {}
+                done => return done,
+            }
+        }
+        Err(RegistrationError::Contended { name: self.name.clone() })
+    }
+
+    /// Keeps only the `caBundle` of the configuration (made by the registration Job) current:
+    /// the CAs of this bundle first, then the registered ones still valid, written with a JSON
+    /// patch conditional on the version read.
+    ///
+    /// # Errors
+    /// [`RegistrationError::NotRegistered`] while the configuration does not exist,
+    /// [`RegistrationError::NoWebhook`] when it lacks this webhook, others when the API server
+    /// refuses or does not answer within `timeout`.
+    pub async fn apply_ca_bundle(&self, client: kube::Client, timeout: Duration) -> Result<(), RegistrationError> {
+        let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+        let ours = self.ca_bundle.as_deref().unwrap_or_default();
+        let names = self.webhook_names();
+        for _ in 0..ATTEMPTS {
+            let current =
+                self.read(&api, timeout).await?.ok_or_else(|| RegistrationError::NotRegistered { name: self.name.clone() })?;
+            let hooks = current.webhooks.as_deref().unwrap_or_default();
+            let mut indices = Vec::new();
+            for name in &names {
+                let index = hooks.iter().position(|w| &w.name == name);
+                indices
+                    .push(index.ok_or_else(|| RegistrationError::NoWebhook { name: self.name.clone(), webhook: name.clone() })?);
+            }
+            let merged = merge_ca_bundles(ours, &registered_ca_bundle(&current, &names), SystemTime::now());
+            let unchanged =
+                indices.iter().all(|&i| hooks[i].client_config.ca_bundle.as_ref().is_some_and(|b| b.0 == merged.as_bytes()));
+            if unchanged {
+                return Ok(());
+            }
+            let encoded = serde_json::to_value(ByteString(merged.into_bytes())).unwrap_or_default();
+            // The version read, written back: a conflict when someone wrote in between.
+            let mut ops = vec![serde_json::json!({
+                "op": "replace", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version,
+            })];
+            ops.extend(indices.iter().map(
+                |i| serde_json::json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": encoded}),
+            ));
+            let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+                .unwrap_or_else(|_| unreachable!("add and replace operations parse"));
+            let params = PatchParams { field_manager: Some(MANAGER.to_owned()), ..PatchParams::default() };
+            let patched = tokio::time::timeout(timeout, api.patch(&self.name, &params, &Patch::<()>::Json(patch))).await;
+            match patched.map_err(|_| self.timed_out("patching the caBundle of MutatingWebhookConfiguration", timeout))? {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(source) => {
+                    return Err(RegistrationError::Api { what: "patching the caBundle of", name: self.name.clone(), source });
+                }
+            }
+        }
+        Err(RegistrationError::Contended { name: self.name.clone() })
+    }
+
+    /// The configuration as it is now; `None` when it does not exist.
+    async fn read(
+        &self,
+        api: &Api<MutatingWebhookConfiguration>,
+        timeout: Duration,
+    ) -> Result<Option<MutatingWebhookConfiguration>, RegistrationError> {
+        tokio::time::timeout(timeout, api.get_opt(&self.name))
+            .await
+            .map_err(|_| self.timed_out("reading MutatingWebhookConfiguration", timeout))?
+            .map_err(|source| RegistrationError::Api { what: "reading", name: self.name.clone(), source })
+    }
+
+    /// Server-side applies `object` as `manager`.
+    async fn apply_object(
+        &self,
+        api: &Api<MutatingWebhookConfiguration>,
+        mut object: MutatingWebhookConfiguration,
+        manager: &str,
+        timeout: Duration,
+    ) -> Result<(), RegistrationError> {
         // Server-side apply needs the type in the body.
         let value = serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -246,128 +392,32 @@ impl Registration {
             "metadata": std::mem::take(&mut object.metadata),
             "webhooks": object.webhooks,
         });
-        let params = PatchParams::apply(MANAGER).force();
+        let params = PatchParams::apply(manager).force();
         match tokio::time::timeout(timeout, api.patch(&self.name, &params, &Patch::Apply(&value))).await {
-            Err(_) => Err(RegistrationError::Timeout {
-                what: "applying MutatingWebhookConfiguration",
-                name: self.name.clone(),
-                timeout,
-            }),
+            Err(_) => Err(self.timed_out("applying MutatingWebhookConfiguration", timeout)),
             Ok(Err(source)) => Err(RegistrationError::Apply { name: self.name.clone(), source }),
             Ok(Ok(_)) => Ok(()),
         }
     }
+
+    fn timed_out(&self, what: &'static str, timeout: Duration) -> RegistrationError {
+        RegistrationError::Timeout { what, name: self.name.clone(), timeout }
+    }
+}
+
+/// The CAs registered for the webhooks `names` of `config`, each PEM block once.
+fn registered_ca_bundle(config: &MutatingWebhookConfiguration, names: &[String]) -> String {
+    config
+        .webhooks
+        .iter()
+        .flatten()
+        .filter(|w| names.contains(&w.name))
+        .filter_map(|w| w.client_config.ca_bundle.as_ref())
+        .filter_map(|b| std::str::from_utf8(&b.0).ok())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use vgpu_scheduling::CompatSettings;
-    use vgpu_scheduling::compat::{job_match_condition, pod_match_condition};
-
-    use super::*;
-
-    fn registration(endpoint: Endpoint) -> Registration {
-        Registration {
-            name: "vgpu-dra-webhook".into(),
-            endpoint,
-            ca_bundle: "-----BEGIN CERTIFICATE-----\n".into(),
-            match_condition: pod_match_condition(&CompatSettings::hami()),
-            job_match_condition: None,
-            owner: None,
-            excluded_namespaces: vec!["kube-system".into(), "vgpu".into()],
-            timeout_seconds: 10,
-        }
-    }
-
-    #[test]
-    fn the_configuration_sends_only_hami_pods_and_fails_closed() {
-        let c = registration(Endpoint::Service { name: "wh".into(), namespace: "vgpu".into() }).configuration();
-        let json = serde_json::to_value(&c).unwrap();
-        let w = &json["webhooks"][0];
-        assert_eq!(w["name"], "vgpu-dra-webhook.vgpu-dra.io");
-        assert_eq!(w["failurePolicy"], "Fail");
-        assert_eq!(w["sideEffects"], "NoneOnDryRun");
-        assert_eq!(w["reinvocationPolicy"], "Never");
-        assert_eq!(w["timeoutSeconds"], 10);
-        assert_eq!(w["admissionReviewVersions"], serde_json::json!(["v1"]));
-        assert_eq!(
-            w["clientConfig"]["service"],
-            serde_json::json!({"name": "wh", "namespace": "vgpu", "path": "/mutate-pods", "port": 443})
-        );
-        assert!(w["clientConfig"].get("url").is_none());
-        // caBundle travels base64-encoded.
-        assert_eq!(w["clientConfig"]["caBundle"], "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==");
-        let expr = w["matchConditions"][0]["expression"].as_str().unwrap();
-        assert!(expr.contains("nvidia.com/gpumem") && expr.contains("initContainers"), "{expr}");
-        assert_eq!(
-            w["namespaceSelector"]["matchExpressions"][0],
-            serde_json::json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", "vgpu"]})
-        );
-        assert_eq!(
-            w["rules"][0],
-            serde_json::json!({"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"], "scope": "Namespaced"})
-        );
-    }
-
-    #[test]
-    fn a_url_endpoint_replaces_the_service() {
-        let mut r = registration(Endpoint::Url("https://127.0.0.1:9443/mutate-pods".into()));
-        r.name = "wh.example.com".into();
-        let json = serde_json::to_value(r.configuration()).unwrap();
-        assert_eq!(json["webhooks"][0]["name"], "wh.example.com");
-        assert_eq!(json["webhooks"][0]["clientConfig"]["url"], "https://127.0.0.1:9443/mutate-pods");
-        assert!(json["webhooks"][0]["clientConfig"].get("service").is_none());
-    }
-
-    #[test]
-    fn volcano_jobs_get_their_own_webhook_on_their_own_path() {
-        let mut r = registration(Endpoint::Service { name: "wh".into(), namespace: "vgpu".into() });
-        assert_eq!(serde_json::to_value(r.configuration()).unwrap()["webhooks"].as_array().unwrap().len(), 1);
-        r.job_match_condition = Some(job_match_condition(&CompatSettings::volcano()));
-        let json = serde_json::to_value(r.configuration()).unwrap();
-        let (pods, jobs) = (&json["webhooks"][0], &json["webhooks"][1]);
-        assert_eq!(jobs["name"], "jobs.vgpu-dra-webhook.vgpu-dra.io");
-        assert_eq!(jobs["clientConfig"]["service"]["path"], "/mutate-volcano-jobs");
-        assert_eq!(
-            jobs["rules"][0],
-            serde_json::json!({"apiGroups": ["batch.volcano.sh"], "apiVersions": ["v1alpha1"], "operations": ["CREATE"], "resources": ["jobs"], "scope": "Namespaced"})
-        );
-        assert!(jobs["matchConditions"][0]["expression"].as_str().unwrap().contains("object.spec.tasks"));
-        // Everything that keeps other objects away and fails closed is the pods' too.
-        for key in ["failurePolicy", "sideEffects", "namespaceSelector", "timeoutSeconds", "reinvocationPolicy"] {
-            assert_eq!(jobs[key], pods[key], "{key}");
-        }
-        assert_eq!(jobs["clientConfig"]["caBundle"], pods["clientConfig"]["caBundle"]);
-    }
-
-    #[test]
-    fn the_job_url_replaces_the_last_segment_of_the_pod_url() {
-        for (pods, jobs) in [
-            ("https://127.0.0.1:9443/mutate-pods", "https://127.0.0.1:9443/mutate-volcano-jobs"),
-            ("https://gw.example.com/vgpu/mutate-pods", "https://gw.example.com/vgpu/mutate-volcano-jobs"),
-        ] {
-            let endpoint = Endpoint::Url(pods.into());
-            assert_eq!(endpoint.client_config(PODS_PATH, "").url.as_deref(), Some(pods));
-            assert_eq!(endpoint.client_config(JOBS_PATH, "").url.as_deref(), Some(jobs));
-        }
-    }
-
-    #[test]
-    fn an_owner_makes_the_configuration_collectable() {
-        let mut r = registration(Endpoint::Url("https://127.0.0.1:9443/mutate-pods".into()));
-        r.owner = Some(OwnerReference {
-            api_version: "rbac.authorization.k8s.io/v1".into(),
-            kind: "ClusterRole".into(),
-            name: "vgpu-dra-webhook".into(),
-            uid: "5a2c".into(),
-            ..Default::default()
-        });
-        let json = serde_json::to_value(r.configuration()).unwrap();
-        assert_eq!(
-            json["metadata"]["ownerReferences"],
-            serde_json::json!([{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": "vgpu-dra-webhook", "uid": "5a2c"}])
-        );
-    }
-}
+#[path = "registration_tests.rs"]
+mod tests;

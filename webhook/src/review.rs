@@ -115,6 +115,13 @@ pub(crate) mod tests {
         review_of(job, ("batch.volcano.sh", "v1alpha1", "Job", "jobs"), dry_run)
     }
 
+    /// A review of a pod CREATE whose request names `namespace` (`None`: names none).
+    pub(crate) fn pod_review_in(pod: Value, namespace: Option<&str>) -> Vec<u8> {
+        let mut review: Value = serde_json::from_slice(&pod_review(pod, false)).unwrap();
+        review["request"]["namespace"] = namespace.map_or(Value::Null, Value::from);
+        serde_json::to_vec(&review).unwrap()
+    }
+
     fn review_of(object: Value, (group, version, kind, resource): (&str, &str, &str, &str), dry_run: bool) -> Vec<u8> {
         let gvk = json!({"group": group, "version": version, "kind": kind});
         let gvr = json!({"group": group, "version": version, "resource": resource});

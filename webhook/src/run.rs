@@ -1,5 +1,6 @@
 //! `vgpu-dra webhook`: configuration without side effects, then bind, certificate, registration,
-//! serve until SIGTERM/SIGINT, drain.
+//! serve until SIGTERM/SIGINT, drain; or, as the registration Job (`--registration=registrar`),
+//! register and exit.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,10 +16,12 @@ use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
 use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
 
 use crate::admit::{Admitter, KubeCluster};
-use crate::args::CertificateSource;
+use crate::args::{CertificateSource, RegistrationMode};
 use crate::certs::{CertSecret, Keeper, Mode, ServingCert};
+use crate::client_auth::{ClientAuth, ClientAuthError};
 use crate::metrics::Metrics;
 use crate::registration::{self, Endpoint, Registration, RegistrationError};
+use crate::server::{Readiness, Refusals};
 use crate::tls::{self, TlsError};
 use crate::{WebhookArgs, server};
 
@@ -26,6 +29,8 @@ use crate::{WebhookArgs, server};
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long listed ResourceSlices are reused.
 const SLICE_CACHE: Duration = Duration::from_secs(10);
+/// The longest pause between tries to register the caBundle while the configuration is missing.
+const REGISTER_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// Why the webhook could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -69,6 +74,9 @@ pub enum RunError {
     /// The webhook could not be registered.
     #[error(transparent)]
     Registration(#[from] RegistrationError),
+    /// The client CA file is unusable.
+    #[error(transparent)]
+    ClientAuth(#[from] ClientAuthError),
     /// The metrics server failed.
     #[error("serving metrics")]
     Metrics(#[source] std::io::Error),
@@ -88,8 +96,53 @@ pub fn run(args: &WebhookArgs) -> Result<(), RunError> {
         Some(path) => Some(kube::config::Kubeconfig::read_from(path).map_err(RunError::Kubeconfig)?),
         None => None,
     };
+    let client_auth = match &args.client_ca_file {
+        Some(path) => Some(ClientAuth::from_file(path, &args.client_names)?),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(RunError::Runtime)?;
-    runtime.block_on(serve(args, settings, endpoint, kubeconfig))
+    if args.registration == RegistrationMode::Registrar {
+        return runtime.block_on(register_only(args, &settings, endpoint, kubeconfig));
+    }
+    runtime.block_on(serve(args, settings, endpoint, kubeconfig, client_auth))
+}
+
+/// The configuration the flags describe, with `ca_bundle`.
+fn registration_of(
+    args: &WebhookArgs,
+    settings: &CompatSettings,
+    endpoint: Endpoint,
+    ca_bundle: Option<String>,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+) -> Registration {
+    Registration {
+        name: args.webhook_name.clone(),
+        endpoint,
+        ca_bundle,
+        match_condition: pod_match_condition(settings),
+        job_match_condition: args.volcano_jobs.then(|| job_match_condition(settings)),
+        owner,
+        excluded_namespaces: excluded_namespaces(args),
+        timeout_seconds: args.timeout_seconds,
+    }
+}
+
+/// The registration Job: writes the configuration, all of it but the caBundle, and exits.
+async fn register_only(
+    args: &WebhookArgs,
+    settings: &CompatSettings,
+    endpoint: Endpoint,
+    kubeconfig: Option<kube::config::Kubeconfig>,
+) -> Result<(), RunError> {
+    let client = client(kubeconfig).await?;
+    let owner = match &args.owner_cluster_role {
+        Some(role) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
+        None => None,
+    };
+    let registration = registration_of(args, settings, endpoint, None, owner);
+    registration.apply(client, API_TIMEOUT).await?;
+    tracing::info!(webhook = registration.webhook_name(), "registered; the webhook keeps its caBundle");
+    Ok(())
 }
 
 fn init_tracing() -> Result<(), RunError> {
@@ -164,6 +217,7 @@ async fn serve(
     settings: CompatSettings,
     endpoint: Endpoint,
     kubeconfig: Option<kube::config::Kubeconfig>,
+    client_auth: Option<ClientAuth>,
 ) -> Result<(), RunError> {
     let client = client(kubeconfig).await?;
     let listener = TcpListener::bind(args.listen).await.map_err(|e| RunError::Bind(args.listen, e))?;
@@ -171,68 +225,131 @@ async fn serve(
         Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| RunError::Bind(addr, e))?),
         None => None,
     };
+    if client_auth.is_none() {
+        tracing::warn!(
+            "no --client-ca-file: any client that reaches the admission port may send reviews, not only the API server"
+        );
+    }
+
+    // Made before the certificate: waiting for an external Secret stops on a signal, and the
+    // readiness probe says meanwhile what it waits for.
+    let cancel = CancellationToken::new();
+    tokio::spawn(watch_signals(cancel.clone()));
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let readiness = Readiness::not_ready("starting: no serving certificate yet");
+    let metrics_server = metrics_listener.map(|l| {
+        tracing::info!(address = ?l.local_addr().ok(), "serving metrics");
+        let router = server::metrics_router(Arc::new(registry), readiness.clone());
+        tokio::spawn(server::serve_plain(l, router, cancel.clone()))
+    });
 
     let names = match &endpoint {
         Endpoint::Url(url) => tls::serving_names(url.parse::<http::Uri>().ok().as_ref().and_then(http::Uri::host), None),
         Endpoint::Service { name, namespace } => tls::serving_names(None, Some((name, namespace))),
     };
-    // Made before the certificate: waiting for an external Secret stops on a signal.
-    let cancel = CancellationToken::new();
-    tokio::spawn(watch_signals(cancel.clone()));
     let secret = CertSecret::new(client.clone(), &args.namespace, &args.secret_name, cert_mode(args, names), API_TIMEOUT);
-    let Some(bundle) = secret.initial(&cancel).await? else {
+    let Some(bundle) = secret.initial(&cancel, &readiness).await? else {
         tracing::info!("stopped while waiting for the certificate Secret");
-        return Ok(());
+        return finish(None, None, metrics_server, &cancel).await;
     };
     let serving = ServingCert::new(bundle.certified_key()?);
-    let tls_config = serving.server_config();
+    let tls_config = serving.server_config(client_auth.as_ref());
 
-    let owner = match &args.owner_cluster_role {
-        Some(role) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
-        None => None,
+    let owner = match (&args.owner_cluster_role, args.registration) {
+        (Some(role), RegistrationMode::Full) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
+        _ => None,
     };
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
     let cluster = KubeCluster::new(client.clone(), &settings.driver, API_TIMEOUT, SLICE_CACHE);
-    let registration = Registration {
-        name: args.webhook_name.clone(),
-        endpoint,
-        ca_bundle: bundle.ca_pem.clone(),
-        match_condition: pod_match_condition(&settings),
-        job_match_condition: args.volcano_jobs.then(|| job_match_condition(&settings)),
-        owner,
-        excluded_namespaces: excluded_namespaces(args),
-        timeout_seconds: args.timeout_seconds,
-    };
+    let registration = registration_of(args, &settings, endpoint, Some(bundle.ca_pem.clone()), owner);
     // Answer a second before the API server gives up, so the client reads why.
     let deadline = Duration::from_secs(u64::from(args.timeout_seconds.unsigned_abs()))
         .saturating_sub(Duration::from_secs(1))
         .max(Duration::from_millis(500));
-    let admitter = Arc::new(Admitter::new(settings, cluster, metrics).with_deadline(deadline));
+    let admitter = Arc::new(Admitter::new(settings, cluster, metrics.clone()).with_deadline(deadline));
+    let router = server::admission_router(admitter);
+    let https = tokio::spawn(server::serve_tls(listener, tls_config, router, Refusals::new(metrics), cancel.clone()));
 
-    let https = tokio::spawn(server::serve_tls(listener, tls_config, server::admission_router(admitter), cancel.clone()));
-    let metrics_server = metrics_listener.map(|l| {
-        tracing::info!(address = ?l.local_addr().ok(), "serving metrics");
-        tokio::spawn(server::serve_plain(l, server::metrics_router(Arc::new(registry)), cancel.clone()))
-    });
     // Registered once the listener accepts, so the API server's first call finds it.
-    if let Err(e) = registration.apply(client.clone(), API_TIMEOUT).await {
+    let mode = args.registration;
+    if let Err(e) = register_at_start(&registration, mode, &client, &readiness, &cancel).await {
         cancel.cancel();
         return Err(e.into());
     }
+    readiness.set_ready();
     tracing::info!(address = %args.listen, webhook = registration.webhook_name(), "admission webhook serving");
     // A changed Secret is registered (the same configuration with its ca.crt) before it is served.
     let register = move |ca_bundle: String| {
-        let (registration, client) = (Registration { ca_bundle, ..registration.clone() }, client.clone());
-        async move { registration.apply(client, API_TIMEOUT).await }
+        let (registration, client) = (Registration { ca_bundle: Some(ca_bundle), ..registration.clone() }, client.clone());
+        async move {
+            match mode {
+                RegistrationMode::CaBundle => registration.apply_ca_bundle(client, API_TIMEOUT).await,
+                _ => registration.apply(client, API_TIMEOUT).await,
+            }
+        }
     };
     let keeper = Keeper::new(secret, serving, bundle, register);
     let every = Duration::from_secs(args.certificate_check_seconds);
     let certificate_checks = tokio::spawn(keeper.run(every, cancel.clone()));
+    finish(Some(https), Some(certificate_checks), metrics_server, &cancel).await
+}
 
-    let https_done = https.await;
+/// Registers as `mode` says: the whole configuration at once (a failure stops the start), or
+/// only the caBundle, trying until it is written. While the registration Job has not made the
+/// configuration yet (at install the Job and the webhook start together) nothing calls the
+/// webhook, so it is ready meanwhile (`helm install --wait` waits for it, not for the Job);
+/// while the configuration exists but cannot take this CA, it is not.
+async fn register_at_start(
+    registration: &Registration,
+    mode: RegistrationMode,
+    client: &kube::Client,
+    readiness: &Readiness,
+    cancel: &CancellationToken,
+) -> Result<(), RegistrationError> {
+    if mode != RegistrationMode::CaBundle {
+        return registration.apply(client.clone(), API_TIMEOUT).await;
+    }
+    let mut pause = Duration::from_secs(1);
+    let mut told = None;
+    loop {
+        let (why, ready) = match registration.apply_ca_bundle(client.clone(), API_TIMEOUT).await {
+            Ok(()) => return Ok(()),
+            Err(e @ RegistrationError::NotRegistered { .. }) => (crate::error_chain(&e), true),
+            Err(e) => (crate::error_chain(&e), false),
+        };
+        if told.as_ref() != Some(&why) {
+            if ready {
+                tracing::info!(reason = why, "serving; the caBundle is registered once the registration Job has run");
+                readiness.set_ready();
+            } else {
+                tracing::warn!(error = why, "registering the caBundle; trying again");
+                readiness.set_not_ready(format!("registering the caBundle: {why}"));
+            }
+            told = Some(why);
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(()),
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(REGISTER_RETRY_MAX);
+    }
+}
+
+/// Waits for the server tasks once the HTTPS server stopped (cancellation or failure).
+async fn finish(
+    https: Option<tokio::task::JoinHandle<()>>,
+    certificate_checks: Option<tokio::task::JoinHandle<()>>,
+    metrics_server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    cancel: &CancellationToken,
+) -> Result<(), RunError> {
+    let https_done = match https {
+        Some(task) => task.await,
+        None => Ok(()),
+    };
     cancel.cancel();
-    if let Err(e) = certificate_checks.await {
+    if let Some(task) = certificate_checks
+        && let Err(e) = task.await
+    {
         tracing::error!(error = %e, "the certificate check task failed");
     }
     if let Err(e) = https_done {

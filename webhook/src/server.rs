@@ -1,9 +1,12 @@
 //! HTTPS serving of the admission endpoint (tokio-rustls + hyper, HTTP/1.1) and plain-HTTP
-//! metrics; both stop accepting on cancellation and drain connections in flight.
+//! metrics, health and readiness; both stop accepting on cancellation and drain connections in
+//! flight. A client refused in the handshake for its certificate is counted and logged.
 
+use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -19,12 +22,91 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::admit::{Admitter, Cluster};
+use crate::client_auth;
+use crate::metrics::Metrics;
 use crate::registration::{JOBS_PATH, PODS_PATH};
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connections in flight get to finish after cancellation.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// A refused client is logged at warn once per address in this long; the metric counts all.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(600);
+/// Addresses remembered for [`REFUSAL_LOG_EVERY`]; past this many, the memory starts over.
+const REFUSAL_LOG_PEERS: usize = 1024;
+
+/// Whether the webhook can answer reviews, and why not: `/readyz` of the metrics server, the
+/// readiness probe (the HTTPS port wants a client certificate the kubelet does not have).
+#[derive(Debug, Clone)]
+pub struct Readiness(Arc<RwLock<Option<String>>>);
+
+impl Readiness {
+    /// Not ready, for `reason`.
+    pub fn not_ready(reason: impl Into<String>) -> Self {
+        Self(Arc::new(RwLock::new(Some(reason.into()))))
+    }
+
+    /// Ready from now on.
+    pub fn set_ready(&self) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Not ready from now on, for `reason`.
+    pub fn set_not_ready(&self, reason: impl Into<String>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(reason.into());
+    }
+
+    /// Why it is not ready; `None` when it is.
+    pub fn reason(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+/// Counts and logs the clients refused in the TLS handshake for their certificate: every one
+/// in the metric, each address at warn at most once per [`REFUSAL_LOG_EVERY`] (a pod retrying
+/// in a loop does not flood the log).
+#[derive(Debug, Clone)]
+pub struct Refusals {
+    metrics: Metrics,
+    logged: Arc<Mutex<HashMap<IpAddr, Instant>>>,
+}
+
+impl Refusals {
+    /// Refusals counted in `metrics`.
+    pub fn new(metrics: Metrics) -> Self {
+        Self { metrics, logged: Arc::default() }
+    }
+
+    /// Counts and logs a failed handshake of `peer` when it was about the client certificate;
+    /// other failures (a port scan, a probe without TLS) stay at debug.
+    fn handshake_failed(&self, peer: std::net::SocketAddr, error: &io::Error) {
+        let Some(refusal) = client_auth::refusal(error) else {
+            return tracing::debug!(%peer, error = %error, "TLS handshake failed");
+        };
+        self.metrics.refused_client(refusal.label());
+        let now = Instant::now();
+        let first = {
+            let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+            if logged.len() >= REFUSAL_LOG_PEERS {
+                logged.retain(|_, at| now.duration_since(*at) < REFUSAL_LOG_EVERY);
+                if logged.len() >= REFUSAL_LOG_PEERS {
+                    logged.clear();
+                }
+            }
+            let due = logged.get(&peer.ip()).is_none_or(|at| now.duration_since(*at) >= REFUSAL_LOG_EVERY);
+            if due {
+                logged.insert(peer.ip(), now);
+            }
+            due
+        };
+        if first {
+            tracing::warn!(%peer, reason = refusal.label(), error = %error,
+                "refused a client that is not the API server (further refusals of this address are counted, not logged, for {REFUSAL_LOG_EVERY:?})");
+        } else {
+            tracing::debug!(%peer, reason = refusal.label(), "refused a client");
+        }
+    }
+}
 
 /// The admission routes: `POST /mutate-pods`, `POST /mutate-volcano-jobs` and `GET /healthz`.
 pub fn admission_router<C: Cluster>(admitter: Arc<Admitter<C>>) -> Router {
@@ -51,8 +133,18 @@ fn reply(review: &kube::core::admission::AdmissionReview<kube::core::DynamicObje
     }
 }
 
-/// The metrics routes: `GET /metrics` (OpenMetrics text) and `GET /healthz`.
-pub fn metrics_router(registry: Arc<Registry>) -> Router {
+/// The metrics routes: `GET /metrics` (OpenMetrics text), `GET /healthz` (alive) and
+/// `GET /readyz` (200 when `readiness` says so, else 503 with the reason).
+pub fn metrics_router(registry: Arc<Registry>, readiness: Readiness) -> Router {
+    let ready = move || {
+        let readiness = readiness.clone();
+        async move {
+            match readiness.reason() {
+                None => (http::StatusCode::OK, "ok".to_owned()),
+                Some(reason) => (http::StatusCode::SERVICE_UNAVAILABLE, reason),
+            }
+        }
+    };
     Router::new()
         .route(
             "/metrics",
@@ -68,11 +160,19 @@ pub fn metrics_router(registry: Arc<Registry>) -> Router {
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(ready))
         .with_state(registry)
 }
 
-/// Serves `router` over TLS on `listener` until `cancel`, then drains connections in flight.
-pub async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, router: Router, cancel: CancellationToken) {
+/// Serves `router` over TLS on `listener` until `cancel`, then drains connections in flight;
+/// clients refused for their certificate go to `refusals`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    router: Router,
+    refusals: Refusals,
+    cancel: CancellationToken,
+) {
     let acceptor = TlsAcceptor::from(tls);
     let mut connections = JoinSet::new();
     loop {
@@ -93,10 +193,11 @@ pub async fn serve_tls(listener: TcpListener, tls: Arc<rustls::ServerConfig>, ro
         let acceptor = acceptor.clone();
         let router = router.clone();
         let cancel = cancel.clone();
+        let refusals = refusals.clone();
         connections.spawn(async move {
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(s)) => s,
-                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                Ok(Err(e)) => return refusals.handshake_failed(peer, &e),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
             serve_connection(TokioIo::new(stream), router, cancel).await;

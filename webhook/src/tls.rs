@@ -127,13 +127,13 @@ impl Validity {
     }
 }
 
-const SEQUENCE: u8 = 0x30;
-const VERSION: u8 = 0xa0;
+pub(crate) const SEQUENCE: u8 = 0x30;
+pub(crate) const VERSION: u8 = 0xa0;
 const UTC_TIME: u8 = 0x17;
 const GENERALIZED_TIME: u8 = 0x18;
 
 /// One DER element: its tag, its content and what follows it.
-fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+pub(crate) fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     let (&tag, rest) = input.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {
@@ -185,6 +185,35 @@ fn days_since_epoch(year: i64, month: i64, day: i64) -> i64 {
     let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
     let day_of_cycle = year_of_cycle * 365 + year_of_cycle / 4 - year_of_cycle / 100 + day_of_year;
     cycle * 146_097 + day_of_cycle - 719_468
+}
+
+/// At most this many CAs are registered as a `caBundle`: the bundle being registered (at most
+/// [`MAX_EARLIER_CAS`] + 1) and registered ones still valid, the newest first.
+const MAX_REGISTERED_CAS: usize = 8;
+
+/// The `caBundle` to register for `ours` (a Secret's `ca.crt`) when `registered` is registered
+/// now: every CA of `ours`, in its order, then the CAs of `registered` not among them that are
+/// still valid at `now`, the newest first, up to [`MAX_REGISTERED_CAS`] in all. So a write never
+/// drops a CA a replica may still be serving a certificate of, whatever Secret that replica read
+/// (a renewal, a replaced or deleted Secret, an issuer's new CA); expired and unreadable ones go.
+pub fn merge_ca_bundles(ours: &str, registered: &str, now: SystemTime) -> String {
+    let mine = pem_certificates(ours);
+    let mut seen = mine.clone();
+    let mut theirs: Vec<(SystemTime, &str)> = pem_certificates(registered)
+        .into_iter()
+        .filter(|block| {
+            let new = !seen.contains(block);
+            seen.push(block);
+            new
+        })
+        .filter_map(|block| {
+            let validity = CertificateDer::from_pem_slice(block.as_bytes()).ok().and_then(|der| Validity::of(&der))?;
+            (validity.not_after > now).then_some((validity.not_before, block))
+        })
+        .collect();
+    theirs.sort_by_key(|(not_before, _)| std::cmp::Reverse(*not_before));
+    let room = MAX_REGISTERED_CAS.saturating_sub(mine.len());
+    mine.iter().copied().chain(theirs.into_iter().take(room).map(|(_, block)| block)).map(|block| format!("{block}\n")).collect()
 }
 
 /// The PEM blocks of certificates in `text`, each with its BEGIN and END lines.

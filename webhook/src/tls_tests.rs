@@ -115,3 +115,45 @@ fn earlier_cas_still_valid_are_kept_after_the_new_one() {
     // Nothing earlier: the bundle is its one CA.
     assert_eq!(merged.clone().with_earlier_cas("", now).ca_certificates().len(), 2);
 }
+
+#[test]
+fn a_merged_ca_bundle_keeps_every_registered_ca_still_valid() {
+    let names = vec!["wh.ns.svc".to_owned()];
+    let now = SystemTime::now();
+    let made = |days_ago: u32| CertBundle::generate_at(&names, 365 * DAY, now - days_ago * DAY).unwrap();
+    let (old, current, renewed, expired) = (made(300), made(200), made(0), made(400));
+    let first = |b: &CertBundle| b.ca_certificates()[0].to_owned();
+    // Whatever the order replicas write in: a replica with an older Secret (starting during a
+    // renewal), one that recreated a deleted Secret, an issuer's new CA.
+    for (ours, registered) in [
+        (&current, format!("{}{}", renewed.ca_pem, current.ca_pem)),
+        (&renewed, current.ca_pem.clone()),
+        (&old, format!("{}{}{}", renewed.ca_pem, expired.ca_pem, current.ca_pem)),
+        (&current, format!("{}garbage-----BEGIN CERTIFICATE-----\nbm90\n-----END CERTIFICATE-----\n", renewed.ca_pem)),
+    ] {
+        let merged = merge_ca_bundles(&ours.ca_pem, &registered, now);
+        let blocks = pem_certificates(&merged);
+        assert_eq!(blocks[0], first(ours), "ours first");
+        for kept in pem_certificates(&registered).into_iter().filter(|b| *b != first(&expired) && b.contains("MII")) {
+            assert!(blocks.contains(&kept), "a registered CA still valid was dropped");
+        }
+        assert!(!blocks.contains(&first(&expired).as_str()), "expired");
+        assert!(!merged.contains("bm90"), "unreadable");
+        assert_eq!(blocks.len(), blocks.iter().collect::<std::collections::BTreeSet<_>>().len(), "each once");
+        // So every serving certificate of these bundles is trusted by the registered bundle.
+        for served in [ours, &current, &renewed] {
+            if registered.contains(&first(served)) || served == ours {
+                assert!(CertBundle { ca_pem: merged.clone(), ..served.clone() }.covers(&names));
+            }
+        }
+    }
+    // Bounded, the newest kept: ours plus the newest registered.
+    let many: Vec<CertBundle> = (0..10).map(|i| made(10 * i)).collect();
+    let registered: String = many.iter().map(|b| b.ca_pem.clone()).collect();
+    let merged = merge_ca_bundles(&old.ca_pem, &registered, now);
+    let blocks = pem_certificates(&merged);
+    assert_eq!(blocks.len(), MAX_REGISTERED_CAS);
+    assert_eq!(blocks[0], first(&old));
+    let newest: Vec<String> = many.iter().take(MAX_REGISTERED_CAS - 1).map(first).collect();
+    assert_eq!(blocks[1..].iter().map(|b| (*b).to_owned()).collect::<Vec<_>>(), newest);
+}

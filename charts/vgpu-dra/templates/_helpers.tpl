@@ -101,6 +101,45 @@ vgpu-dra.io/config-sha256: {{ include "vgpu-dra.config" . | sha256sum }}
 {{- if .Values.devicePlugin.enabled -}}
 {{- fail "devicePlugin.enabled=true: vgpu-dra has no device-plugin mode, it runs only as a DRA driver (dra.enabled); drop --set devicePlugin.enabled=true (false is accepted, as in HAMi's install line)" -}}
 {{- end -}}
+{{- if include "vgpu-dra.webhook.enabled" . -}}
+{{- $_ := include "vgpu-dra.webhook.clientAuth" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the webhook admits only the API server's client certificate. On without a CA, the
+install stops and says what to set: the webhook would otherwise take reviews from any pod. */}}
+{{- define "vgpu-dra.webhook.clientAuth" -}}
+{{- if .Values.webhook.clientAuth.enabled -}}
+{{- if not (trim .Values.webhook.clientAuth.caBundle) -}}
+{{- fail "webhook.clientAuth.caBundle is empty: set it to the CA of the client certificate kube-apiserver presents to webhooks (--set-file webhook.clientAuth.caBundle=<file>; docs/security.md shows the API server's admission configuration), or set webhook.clientAuth.enabled=false to let any client that reaches the webhook send it reviews" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/* The registration Job's ServiceAccount, ClusterRole and Job: the only identity that writes
+which pods are sent to the webhook. */}}
+{{- define "vgpu-dra.webhook.registrarName" -}}
+{{- printf "%s-registrar" (include "vgpu-dra.webhook.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The arguments that say which pods are sent to the webhook and where: the same for the
+webhook and its registration Job, so the caBundle the webhook keeps belongs to the webhooks the
+Job registered. */}}
+{{- define "vgpu-dra.webhook.registrationArgs" -}}
+{{- $name := include "vgpu-dra.webhook.fullname" . -}}
+- --service-name={{ $name }}
+- --webhook-name={{ $name }}
+# The same file the driver reads: HAMi's resource names and defaults.
+- --config=/etc/vgpu-dra/config.yaml
+- --driver-name={{ .Values.driverName }}
+- --device-class={{ .Values.deviceClassName }}
+- --timeout-seconds={{ .Values.webhook.timeoutSeconds }}
+# Namespaces never sent to it; it adds its own, so an empty list passes only that one.
+- --excluded-namespaces={{ .Values.webhook.excludedNamespaces | default (list .Release.Namespace) | join "," }}
+# Pods of Volcano's scheduler keep a request Volcano counts (docs/volcano.md).
+- --volcano-scheduler-names={{ .Values.webhook.volcano.schedulerNames | join "," }}
+- --volcano-cpu-request={{ .Values.webhook.volcano.cpuRequest }}
 {{- end -}}
 
 {{/* The host directory the NVIDIA driver is installed under: nvidiaDriverRoot when set, else

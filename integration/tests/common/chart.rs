@@ -7,11 +7,25 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
-use vgpu_dra_integration::{ControlPlane, ManagedProcess, driver_binary, free_port, start_driver_as, write_kubeconfig};
+use vgpu_dra_integration::{
+    ControlPlane, ManagedProcess, WEBHOOK_CLIENT_NAME, driver_binary, free_port, start_driver_as, write_kubeconfig,
+};
 
 /// The chart in this repository.
 pub fn chart_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/vgpu-dra")
+}
+
+/// The `helm` arguments that give the webhook the plane's API server as its only client (the CA
+/// of the client certificate of the plane's admission configuration, and its name): what every
+/// install with the webhook sets (the chart stops without a CA, or an explicit opt-out).
+pub fn client_auth_sets(plane: &ControlPlane) -> Vec<String> {
+    vec![
+        "--set-file".to_owned(),
+        format!("webhook.clientAuth.caBundle={}", plane.webhook_client_ca().display()),
+        "--set".to_owned(),
+        format!("webhook.clientAuth.names={{{WEBHOOK_CLIENT_NAME}}}"),
+    ]
 }
 
 /// Runs the test bed's helm against `plane` with `args`; `Err` carries helm's stderr.
@@ -182,15 +196,25 @@ pub struct WebhookPod {
     pub kubeconfig: PathBuf,
     /// The arguments the Deployment gave.
     pub args: Vec<String>,
-    /// The port of /metrics and /healthz.
+    /// The port of /metrics, /healthz and /readyz.
     pub metrics_port: u16,
+    /// The URL the API server calls it at (its Service, on the test bed).
+    pub url: String,
+}
+
+/// The container arguments of a workload, checked to run `webhook`.
+fn webhook_args(workload: &Value, kind: &str) -> anyhow::Result<Vec<String>> {
+    let given = container_args(workload);
+    anyhow::ensure!(given.first().map(String::as_str) == Some("webhook"), "{kind} runs {given:?}");
+    Ok(given)
 }
 
 /// Starts `vgpu-dra webhook` as Deployment `namespace/deployment` would: the token of its
 /// service account bound to a pod, the container's arguments, `POD_NAMESPACE` as the downward API
-/// gives it, and the ConfigMap's file. The ports become free loopback ones, and, with no
-/// kube-proxy for the API server to reach the Service through, `--url` to this process replaces
-/// `--service-name` (the two exclude each other); every other argument is the Deployment's.
+/// gives it, and the ConfigMaps' files (the device configuration, the client CA). The ports
+/// become free loopback ones, and, with no kube-proxy for the API server to reach the Service
+/// through, `--url` to this process replaces `--service-name` (the two exclude each other); every
+/// other argument is the Deployment's.
 pub fn run_as_webhook_pod(plane: &ControlPlane, namespace: &str, deployment: &str) -> anyhow::Result<WebhookPod> {
     let deploy = plane.kubectl().get_json(&["deployment", deployment, "-n", namespace])?;
     let pod_spec = &deploy["spec"]["template"]["spec"];
@@ -205,27 +229,98 @@ pub fn run_as_webhook_pod(plane: &ControlPlane, namespace: &str, deployment: &st
     let pod_name = format!("{deployment}-replica");
     let kubeconfig = pod_token(plane, namespace, sa, &pod_name, None, &deploy["spec"]["template"]["metadata"]["labels"])?;
 
-    let given: Vec<String> = container["args"]
-        .as_array()
-        .context("webhook container has no args")?
-        .iter()
-        .filter_map(Value::as_str)
-        .map(str::to_owned)
-        .collect();
-    anyhow::ensure!(given.first().map(String::as_str) == Some("webhook"), "Deployment runs {given:?}");
-    let (listen, metrics_port) = (free_port()?, free_port()?);
+    let given = webhook_args(&deploy, "Deployment")?;
+    // The plane's webhook port: the API server presents its client certificate there.
+    let (listen, metrics_port) = (plane.webhook_port(), free_port()?);
+    let url = format!("https://127.0.0.1:{listen}/mutate-pods");
     let mut args: Vec<String> = vec!["webhook".to_owned()];
     for arg in &given[1..] {
         let replaced = match arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag) {
             "--listen" => format!("--listen=127.0.0.1:{listen}"),
             "--metrics-address" => format!("--metrics-address=127.0.0.1:{metrics_port}"),
             "--config" => format!("--config={}", config.display()),
-            "--service-name" => format!("--url=https://127.0.0.1:{listen}/mutate-pods"),
+            "--service-name" => format!("--url={url}"),
+            "--client-ca-file" => {
+                let file = mounted_file(plane, namespace, pod_spec, container, arg, &format!("{deployment}-client-ca.crt"))?;
+                format!("--client-ca-file={}", file.display())
+            }
             _ => arg.clone(),
         };
         args.push(replaced);
     }
     args.extend([format!("--namespace={namespace}"), format!("--kubeconfig={}", kubeconfig.display())]);
     let process = ManagedProcess::spawn(&pod_name, driver_binary()?, &args, plane.dir())?;
-    Ok(WebhookPod { process, kubeconfig, args: given, metrics_port })
+    Ok(WebhookPod { process, kubeconfig, args: given, metrics_port, url })
+}
+
+/// The registration Job of release `release` in `namespace` (its name carries a hash of what it
+/// registers).
+///
+/// # Errors
+/// When there is not exactly one.
+pub fn registration_job(plane: &ControlPlane, namespace: &str, release: &str) -> anyhow::Result<Value> {
+    let selector = format!("app.kubernetes.io/component=webhook-registration,app.kubernetes.io/instance={release}");
+    let list = plane.kubectl().get_json(&["jobs", "-n", namespace, "-l", &selector])?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    anyhow::ensure!(items.len() == 1, "{} registration Jobs of release {release}", items.len());
+    Ok(items[0].clone())
+}
+
+/// Runs the chart's registration Job of release `release` in `namespace` to its end as its pod
+/// would: its service account's token bound to a pod, its container's arguments and the device
+/// configuration, registering `url` (a webhook replica's, see [`run_as_webhook_pod`]) for the
+/// Service. Returns its log.
+///
+/// # Errors
+/// When the Job is not as expected, or the registration fails (its log is the message).
+pub fn run_registration_job(plane: &ControlPlane, namespace: &str, release: &str, url: &str) -> anyhow::Result<String> {
+    let job_json = registration_job(plane, namespace, release)?;
+    let job = job_json["metadata"]["name"].as_str().context("a Job without a name")?.to_owned();
+    let job = job.as_str();
+    let pod_spec = &job_json["spec"]["template"]["spec"];
+    let sa = pod_spec["serviceAccountName"].as_str().context("the Job names no service account")?;
+    let config = config_file(plane, namespace, pod_spec, &format!("{job}-config.yaml"))?;
+    let pod_name = format!("{job}-run");
+    let kubeconfig = pod_token(plane, namespace, sa, &pod_name, None, &job_json["spec"]["template"]["metadata"]["labels"])?;
+    let given = webhook_args(&job_json, "Job")?;
+    let mut args: Vec<String> = vec!["webhook".to_owned()];
+    for arg in &given[1..] {
+        args.push(match arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag) {
+            "--config" => format!("--config={}", config.display()),
+            "--service-name" => format!("--url={url}"),
+            _ => arg.clone(),
+        });
+    }
+    args.extend([format!("--namespace={namespace}"), format!("--kubeconfig={}", kubeconfig.display())]);
+    let out = Command::new(driver_binary()?).args(&args).stdin(Stdio::null()).output().context("running the registration Job")?;
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    anyhow::ensure!(out.status.success(), "the registration Job failed ({}):\n{log}", out.status);
+    Ok(log)
+}
+
+/// The file a container flag `arg` (`--flag=/mount/dir/file`) names, from the ConfigMap volume
+/// mounted at its directory, written under the plane's directory as `file`.
+fn mounted_file(
+    plane: &ControlPlane,
+    namespace: &str,
+    pod_spec: &Value,
+    container: &Value,
+    arg: &str,
+    file: &str,
+) -> anyhow::Result<PathBuf> {
+    let path = Path::new(arg.split_once('=').map_or("", |(_, p)| p));
+    let (dir, key) = (path.parent().context("no directory")?, path.file_name().and_then(|k| k.to_str()).context("no file")?);
+    let mount = container["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["mountPath"].as_str() == dir.to_str()))
+        .with_context(|| format!("nothing mounted at {}", dir.display()))?;
+    let volume = pod_spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == mount["name"]))
+        .context("the mount has no volume")?;
+    let name = volume["configMap"]["name"].as_str().context("the volume is no ConfigMap")?;
+    let cm = plane.kubectl().get_json(&["configmap", name, "-n", namespace])?;
+    let out = plane.dir().join(file);
+    std::fs::write(&out, cm["data"][key].as_str().with_context(|| format!("ConfigMap {name} has no {key}"))?)?;
+    Ok(out)
 }

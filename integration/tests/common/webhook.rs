@@ -1,10 +1,11 @@
 //! The vgpu-dra webhook as the test bed runs it: a process on loopback that registers its own
-//! URL, and the wait until the API server really calls it.
+//! URL and answers only the API server (the client certificate of the plane's admission
+//! configuration), and the wait until the API server really calls it.
 
 use std::time::Duration;
 
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, ManagedProcess, driver_binary, eventually};
+use vgpu_dra_integration::{ControlPlane, ManagedProcess, WEBHOOK_CLIENT_NAME, driver_binary, eventually};
 
 /// HAMi's DeviceClass, selecting every device of the driver.
 pub const DEVICE_CLASS: &str = r#"apiVersion: resource.k8s.io/v1
@@ -18,7 +19,9 @@ spec:
 
 /// `vgpu-dra webhook` named `name`, listening on `listen` and registering the URL on port
 /// `url_port` (replicas of one Service all register the same one), its Secret in `namespace`,
-/// with `extra` flags.
+/// with `extra` flags. On the plane's [`ControlPlane::webhook_port`], the one URL the API server
+/// presents its client certificate to, it requires that certificate (unless `extra` names
+/// another `--client-ca-file`); on another port it answers any client.
 pub fn spawn(
     plane: &ControlPlane,
     name: &str,
@@ -33,8 +36,16 @@ pub fn spawn(
         format!("--kubeconfig={}", plane.kubeconfig().display()),
         format!("--namespace={namespace}"),
     ];
+    if url_port == plane.webhook_port() && !extra.iter().any(|a| a.starts_with("--client-ca-file")) {
+        args.extend(client_auth(plane));
+    }
     args.extend(extra.iter().cloned());
     ManagedProcess::spawn(name, driver_binary()?, &args, plane.dir())
+}
+
+/// The flags that make a webhook answer only the plane's API server.
+pub fn client_auth(plane: &ControlPlane) -> [String; 2] {
+    [format!("--client-ca-file={}", plane.webhook_client_ca().display()), format!("--client-name={WEBHOOK_CLIENT_NAME}")]
 }
 
 /// Waits until the API server calls `webhook`: a server-side dry run of `probe` (a pod the
