@@ -13,6 +13,13 @@
 //! the same limits. Last, the compatibility path: 003's pod as written for HAMi
 //! (`nvidia.com/gpu: 1`, `nvidia.com/gpumem: 4096`, `nvidia.com/gpucores: 50`) is converted by
 //! our admission webhook into a claim, starts on a share freed for it, and sees the same limits.
+//! Then a pod fills its claim directory with what a hostile tenant would (50,000 nested
+//! directories, 20,000 files, a FIFO, links to host files) and ends: the driver unprepares it and
+//! stays up.
+//!
+//! As in a cluster: the driver runs with the chart's service account, RBAC and admission
+//! policies (a token bound to a pod on the node), the API server authorizes the kubelet with the
+//! Node authorizer and NodeRestriction, and the kubelet asks the API server who may use its API.
 //!
 //! Needs root, overlayfs, namespaces, cgroups (see `vgpu_dra_integration::node`), a C compiler,
 //! and the node's components from `integration/k8s/build-node.sh`. A missing one fails the test
@@ -27,12 +34,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
+use common::chart::{chart_dir, helm, run_as_daemonset_pod};
 use common::{card_uuid, webhook};
 use serde_json::Value;
 use vgpu_dra_integration::node::{BUSYBOX_IMAGE, DYNAMIC_PROGRAM, Node, build_stand_in};
-use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, node_host_dir, start_driver};
+use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, node_host_dir};
 
-const DRIVER: &str = "hami-core-gpu.project-hami.io";
 const NODE: &str = "gpu-node";
 /// `nobody`: stands for any user but root that a container runs as.
 const NOBODY: u32 = 65534;
@@ -55,8 +62,8 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
     let (vgpu, lock) = (host.join("vgpu"), host.join("vgpulock"));
     std::fs::create_dir_all(&vgpu)?;
     build_stand_in(&vgpu.join("libvgpu.so"), &lock)?;
-    let mut driver = start_driver(plane, "driver", NODE, &["--mock-gpus=1xTesla T4:15Gi"])?;
-    kubectl.apply(&device_class())?;
+    install_chart(plane)?;
+    let mut driver = chart_driver(plane)?;
     let card = eventually("the node's ResourceSlice", Duration::from_secs(60), || {
         driver.check_running()?;
         node.check_running()?;
@@ -117,7 +124,7 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
     // A driver restart while pods run: they keep running, their specs stay as they were.
     let specs = spec_files(node)?;
     driver.stop();
-    let mut driver = start_driver(plane, "driver-2", NODE, &["--mock-gpus=1xTesla T4:15Gi"])?;
+    let mut driver = chart_driver(plane)?;
     eventually("the restarted driver's ResourceSlice", Duration::from_secs(60), || {
         driver.check_running()?;
         card_uuid(&kubectl, "hami-gpu-0")
@@ -162,12 +169,154 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
     hami_pod_through_the_webhook(node, &kubectl, &vgpu, &card).context("003's pod written for HAMi")?;
     webhook.check_running()?;
     driver.check_running()?;
+    hostile_claim_directory(node, &kubectl, &mut driver, &vgpu).context("a pod that fills its claim directory")?;
     Ok(())
 }
 
+const CHART_NS: &str = "vgpu-dra";
+
+/// The chart with its defaults (the webhook left out: this test starts its own), as the cluster
+/// would get it: the driver's service account, RBAC and admission policies, and the DeviceClass.
+fn install_chart(plane: &ControlPlane) -> anyhow::Result<()> {
+    let kubectl = plane.kubectl();
+    kubectl.run(&["create", "namespace", CHART_NS])?;
+    let chart = chart_dir();
+    let chart = chart.to_str().context("chart path")?;
+    let rendered = helm(
+        plane,
+        &[
+            "template",
+            "vgpu-dra",
+            chart,
+            "-n",
+            CHART_NS,
+            "--set",
+            "image.repository=registry.example.com/vgpu-dra",
+            "--set",
+            "webhook.enabled=false",
+        ],
+    )?;
+    kubectl.apply(&rendered)?;
+    Ok(())
+}
+
+/// The driver as the chart's DaemonSet runs it on this node: its arguments, and the token of its
+/// service account bound to a pod on the node (the slice policy checks the node it names), so it
+/// can do only what the chart allows.
+fn chart_driver(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
+    Ok(run_as_daemonset_pod(plane, CHART_NS, "vgpu-dra", NODE, &["--mock-gpus=1xTesla T4:15Gi", "--state-check-ms=1000"])?
+        .process)
+}
+
+/// Finding 1 of the tenant-safety issue, on a real node: a pod nests 50,000 directories in its
+/// claim directory (1,000 levels at a time, moved under the next, so no path grows past
+/// PATH_MAX), adds 20,000 files, a FIFO and links to a host file and directory, and ends. The kubelet
+/// unprepares its claim; the driver answers, keeps running (a removal that recursed per level
+/// overflowed its stack here), the directory leaves at once and its content is removed in the
+/// background, and the file the link names is untouched.
+fn hostile_claim_directory(node: &mut Node, kubectl: &Kubectl, driver: &mut ManagedProcess, vgpu: &Path) -> anyhow::Result<()> {
+    let name = "deep-tree";
+    let _cleanup = DeepTreeCleanup(vgpu.join("claims"));
+    let script = serde_json::to_string(HOSTILE_SCRIPT)?;
+    // A host file the pod links to (by its host path): a removal that followed links would take it.
+    let sentinel = vgpu.join("sentinel");
+    std::fs::write(&sentinel, "keep")?;
+    let pod = format!(
+        r#"{}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 1
+  restartPolicy: Never
+  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
+  containers:
+  - name: main
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", {script}]
+    env: [{{name: SENTINEL, value: "{sentinel}"}}]
+    resources: {{claims: [{{name: gpu}}]}}
+"#,
+        common::claim_yaml(name, "1Gi", "0"),
+        sentinel = sentinel.display()
+    );
+    kubectl.apply(&pod)?;
+    let claim_uid = eventually("the deep-tree claim allocated", Duration::from_secs(60), || {
+        let uid = kubectl.run(&["get", "resourceclaim", name, "-o", "jsonpath={.metadata.uid}"])?;
+        let claim = kubectl.get_json(&["resourceclaim", name])?;
+        Ok(claim["status"]["allocation"].is_object().then_some(uid))
+    })?;
+    let seen = eventually("the deep-tree pod done", Duration::from_secs(180), || {
+        node.check_running()?;
+        driver.check_running()?;
+        let pod = kubectl.get_json(&["pod", name])?;
+        Ok((pod["status"]["phase"] == "Succeeded" || pod["status"]["phase"] == "Failed").then_some(pod))
+    })?;
+    let log = node.container_log("default", name, "main")?;
+    ensure!(
+        seen["status"]["phase"] == "Succeeded" && log.contains("levels=50\n"),
+        "the pod did not build its tree: {log}\n{}",
+        seen["status"]
+    );
+    let dir = vgpu.join("claims").join(&claim_uid);
+    eventually("the deep-tree claim unprepared", Duration::from_secs(120), || {
+        node.check_running()?;
+        driver.check_running()?;
+        Ok((cdi_specs(node, &claim_uid) == 0 && !dir.exists()).then_some(()))
+    })?;
+    let trash = vgpu.join("claims").join(".trash");
+    eventually("the claim directory removed from the trash", Duration::from_secs(120), || {
+        driver.check_running()?;
+        Ok(std::fs::read_dir(&trash).map_or(true, |mut d| d.next().is_none()).then_some(()))
+    })?;
+    ensure!(std::fs::read_to_string(&sentinel)? == "keep", "the host file the pod linked to was touched");
+    driver.check_running()
+}
+
+/// Removes what is left under the claims' root when the hostile scenario ends, so that a failing
+/// driver does not leave a tree the test bed's own clean-up (the standard library's recursive
+/// removal, as in the driver before) would overflow this test's stack on.
+struct DeepTreeCleanup(std::path::PathBuf);
+
+impl Drop for DeepTreeCleanup {
+    fn drop(&mut self) {
+        let trash = vgpu_dra::plugin::trash::Trash::new(&self.0);
+        for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
+            if entry.file_name() != vgpu_dra::plugin::trash::TRASH_DIR {
+                let _ = trash.discard(&entry.path());
+            }
+        }
+        for _ in 0..100 {
+            if trash.empty(vgpu_dra::plugin::trash::DEFAULT_BUDGET).left == 0 {
+                break;
+            }
+        }
+    }
+}
+
+/// What the hostile pod runs in its claim directory.
+const HOSTILE_SCRIPT: &str = r#"dir="${CUDA_DEVICE_MEMORY_SHARED_CACHE%/*}"
+cd "$dir" || exit 1
+mkfifo fifo
+ln -s "$SENTINEL" link
+ln -s "${SENTINEL%/*}" link-to-dir
+mkdir wide
+i=0; while [ $i -lt 20000 ]; do : > wide/f$i; i=$((i+1)); done
+chain=$(i=0; while [ $i -lt 1000 ]; do printf d/; i=$((i+1)); done)
+mkdir tree
+n=0; while [ $n -lt 50 ]; do mkdir -p "next/$chain" && mv tree "next/$chain" && mv next tree || break; n=$((n+1)); done
+echo "levels=$n"
+"#;
+
 /// `vgpu-dra webhook` on loopback, registered, and called by the API server for HAMi's pods.
 fn start_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
-    plane.kubectl().run(&["create", "namespace", "vgpu-dra"])?;
+    // The chart's namespace: the webhook runs in the release namespace, as the chart puts it.
+    plane.kubectl().run(&["get", "namespace", CHART_NS])?;
     let port = free_port()?;
     let metrics = format!("--metrics-address=127.0.0.1:{}", free_port()?);
     let mut webhook = webhook::spawn(plane, "vgpu-dra-webhook", (port, port), "vgpu-dra", &[metrics])?;
@@ -233,19 +382,6 @@ fn hami_pod_through_the_webhook(node: &mut Node, kubectl: &Kubectl, vgpu: &Path,
     let ip = pod["status"]["podIP"].as_str().unwrap_or_default();
     ensure!(ip.starts_with("10.") && pod["spec"]["hostNetwork"].is_null(), "pod {name}: podIP {ip:?}: {}", pod["status"]);
     Ok(())
-}
-
-fn device_class() -> String {
-    format!(
-        r#"apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {{name: {DRIVER}}}
-spec:
-  selectors:
-  - cel:
-      expression: device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].type == "hami-gpu"
-"#
-    )
 }
 
 /// What the pod's container prints: its uid, its environment as the dynamically linked program
