@@ -16,6 +16,8 @@ pub mod metrics;
 pub mod plugin;
 pub mod publisher;
 pub mod slices;
+#[cfg(test)]
+mod testlog;
 pub mod uds;
 
 /// Names ring as rustls' process-wide provider. When another crate of the same build enables

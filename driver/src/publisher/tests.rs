@@ -207,3 +207,33 @@ async fn no_snapshot_yet_fails_without_calling_the_api() {
     assert!(matches!(err, PublishError::Discovery(DiscoveryError::NoSnapshot)), "{err:?}");
     assert!(api.calls().is_empty());
 }
+
+/// Finding 7 of the tenant-safety issue, for the other watch: a slice watch that keeps failing is
+/// retried after growing, jittered pauses, and each failure is logged at warn with its cause.
+#[tokio::test(start_paused = true)]
+async fn a_slice_watch_that_keeps_failing_is_retried_ever_more_slowly_and_says_why() {
+    let (warnings, _guard) = crate::testlog::Warnings::capture();
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let times = asked.clone();
+    let service = tower::service_fn(move |_request: Request<Body>| {
+        times.lock().unwrap().push(tokio::time::Instant::now());
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "etcd is down", "code": 500});
+        async move { Ok::<_, Infallible>(reply(StatusCode::INTERNAL_SERVER_ERROR, &status)) }
+    });
+    let api: Api<ResourceSlice> = Api::all(kube::Client::new(service, "default"));
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(watch_slices(api, format!("spec.nodeName={NODE}"), Arc::new(Notify::new()), None, cancel.clone()));
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    cancel.cancel();
+    task.await.unwrap();
+
+    let times = asked.lock().unwrap().clone();
+    assert!((4..=14).contains(&times.len()), "{} lists in 120 s", times.len());
+    let gaps = crate::testlog::gaps(&times);
+    for pair in gaps.windows(2).filter(|pair| pair[0] < Duration::from_secs(15)) {
+        assert!(pair[1] >= pair[0], "pauses grow until the longest: {gaps:?}");
+    }
+    let lines = warnings.lines();
+    assert!(lines.len() >= times.len() - 1, "one warning per failure: {lines:?}");
+    assert!(lines.iter().all(|l| l.contains("WARN") && l.contains("etcd is down")), "{lines:?}");
+}

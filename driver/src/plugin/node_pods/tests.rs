@@ -233,3 +233,46 @@ async fn a_claim_read_ahead_too_long_ago_is_not_handed_out() {
     assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none());
     assert_eq!(pods.len().1, 0);
 }
+
+/// An API server that answers every request with a 500 and notes when it was asked.
+fn failing_api() -> (kube::Client, Arc<Mutex<Vec<tokio::time::Instant>>>) {
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let times = asked.clone();
+    let service = tower::service_fn(move |_request: http::Request<kube::client::Body>| {
+        times.lock().unwrap().push(tokio::time::Instant::now());
+        let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "etcd is down", "code": 500});
+        let response = http::Response::builder()
+            .status(500)
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(body.to_string().into_bytes()))
+            .unwrap();
+        async move { Ok::<_, std::convert::Infallible>(response) }
+    });
+    (kube::Client::new(service, "default"), asked)
+}
+
+/// Finding 7 of the tenant-safety issue: a watch the API server keeps failing is retried after
+/// growing, jittered pauses (not every 500 ms), and each failure is logged at warn with its cause.
+#[tokio::test(start_paused = true)]
+async fn a_pod_watch_that_keeps_failing_is_retried_ever_more_slowly_and_says_why() {
+    let (warnings, _guard) = crate::testlog::Warnings::capture();
+    let (client, asked) = failing_api();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(store().run(client, Duration::from_secs(5), cancel.clone()));
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    cancel.cancel();
+    task.await.unwrap();
+
+    let times = asked.lock().unwrap().clone();
+    // 0.5 s doubling to 30 s, each pause in [cap/2, cap]: at most 14 lists in two minutes; a
+    // fixed 500 ms retry makes about 240.
+    assert!((4..=14).contains(&times.len()), "{} lists in 120 s", times.len());
+    let gaps = crate::testlog::gaps(&times);
+    for pair in gaps.windows(2).filter(|pair| pair[0] < Duration::from_secs(15)) {
+        assert!(pair[1] >= pair[0], "pauses grow until the longest: {gaps:?}");
+    }
+    assert!(gaps.iter().all(|g| *g <= Duration::from_secs(30)), "{gaps:?}");
+    let lines = warnings.lines();
+    assert!(lines.len() >= times.len() - 1, "one warning per failure: {lines:?}");
+    assert!(lines.iter().all(|l| l.contains("WARN") && l.contains("etcd is down") && l.contains(NODE)), "{lines:?}");
+}
