@@ -162,3 +162,27 @@ pub struct Hook {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<i64>,
 }
+
+// Here rather than beside the versions: what a spec needs is read from the spec's fields, and
+// the versions know nothing of specs.
+impl CdiVersion {
+    /// The lowest version that can express `spec`.
+    pub fn minimum_for(spec: &Spec) -> Self {
+        let all_edits = || spec.devices.iter().map(|d| &d.container_edits).chain([&spec.container_edits]);
+        let needs = |f: fn(&ContainerEdits) -> bool| all_edits().any(f);
+        let class_has_dot = spec.kind.split_once('/').is_some_and(|(_, c)| c.contains('.'));
+        if needs(|e| !e.additional_gids.is_empty()) {
+            Self::V0_7_0
+        } else if !spec.annotations.is_empty() || spec.devices.iter().any(|d| !d.annotations.is_empty()) || class_has_dot {
+            Self::V0_6_0
+        } else if spec.devices.iter().any(|d| d.name.starts_with(|c: char| c.is_ascii_digit()))
+            || needs(|e| e.device_nodes.iter().any(|n| n.host_path.is_some()))
+        {
+            Self::V0_5_0
+        } else if needs(|e| e.mounts.iter().any(|m| m.kind.is_some())) {
+            Self::V0_4_0
+        } else {
+            Self::V0_3_0
+        }
+    }
+}

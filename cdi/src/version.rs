@@ -4,8 +4,6 @@
 
 use std::fmt;
 
-use crate::{ContainerEdits, Spec};
-
 /// CDI spec versions this crate knows, oldest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CdiVersion {
@@ -26,26 +24,6 @@ pub enum CdiVersion {
 impl CdiVersion {
     /// The newest version this crate knows.
     pub const LATEST: Self = Self::V1_1_0;
-
-    /// The lowest version that can express `spec`.
-    pub fn minimum_for(spec: &Spec) -> Self {
-        let all_edits = || spec.devices.iter().map(|d| &d.container_edits).chain([&spec.container_edits]);
-        let needs = |f: fn(&ContainerEdits) -> bool| all_edits().any(f);
-        let class_has_dot = spec.kind.split_once('/').is_some_and(|(_, c)| c.contains('.'));
-        if needs(|e| !e.additional_gids.is_empty()) {
-            Self::V0_7_0
-        } else if !spec.annotations.is_empty() || spec.devices.iter().any(|d| !d.annotations.is_empty()) || class_has_dot {
-            Self::V0_6_0
-        } else if spec.devices.iter().any(|d| d.name.starts_with(|c: char| c.is_ascii_digit()))
-            || needs(|e| e.device_nodes.iter().any(|n| n.host_path.is_some()))
-        {
-            Self::V0_5_0
-        } else if needs(|e| e.mounts.iter().any(|m| m.kind.is_some())) {
-            Self::V0_4_0
-        } else {
-            Self::V0_3_0
-        }
-    }
 
     /// The version string as written in `cdiVersion`.
     pub fn as_str(self) -> &'static str {
@@ -68,8 +46,7 @@ impl fmt::Display for CdiVersion {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::{Device, DeviceNode, Kind, Mount};
+    use crate::{ContainerEdits, Device, DeviceNode, Kind, Mount, Spec};
 
     fn device(name: &str, edits: ContainerEdits) -> Device {
         Device { name: name.into(), annotations: Default::default(), container_edits: edits }

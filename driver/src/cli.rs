@@ -223,7 +223,7 @@ pub struct KubeletPluginArgs {
     pub core_utilization_policy: Option<String>,
     /// Abort at this point of prepare/unprepare (crash-recovery tests only).
     #[arg(long, hide = true, value_enum)]
-    pub fail_point: Option<crate::plugin::state::FailPoint>,
+    pub fail_point: Option<crate::plugin::failpoint::FailPoint>,
     /// How long a prepared claim must be gone from the API (deleted, or recreated with a new
     /// UID) before its share is released without an unprepare from the kubelet.
     #[arg(long, env = "VGPU_DRA_DELETED_CLAIM_GRACE_SECONDS", default_value_t = 300)]
@@ -311,11 +311,11 @@ pub fn inventory(args: &InventoryArgs, out: &mut dyn Write) -> anyhow::Result<()
 /// # Errors
 /// [`UsageError`] for a claim this node would refuse; other errors for unreadable input.
 pub fn prepare_preview(args: &PreparePreviewArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use crate::plugin::api::ClaimSource;
     use crate::plugin::cdi::CdiOptions;
-    use crate::plugin::checkpoint::Checkpoint;
     use crate::plugin::claim::ClaimRef;
-    use crate::plugin::source::ClaimSource;
     use crate::plugin::state::{State, StateOptions, Storage};
+    use crate::plugin::storage::checkpoint::Checkpoint;
     let config = args.config.resolve(&args.node_name)?;
     let text = std::fs::read_to_string(&args.claim).map_err(|e| UsageError(format!("--claim {}: {e}", args.claim.display())))?;
     let claim: k8s_openapi::api::resource::v1::ResourceClaim = serde_saphyr::from_str(&text)

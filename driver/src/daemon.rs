@@ -1,29 +1,35 @@
 //! `vgpu-dra kubelet-plugin`: the node daemon. Parses nothing itself: it takes the parsed
-//! arguments, builds the parts, runs them until SIGTERM or SIGINT, and drains with a deadline.
-
-use std::time::Duration;
-
-use anyhow::Context;
-use tokio_util::sync::CancellationToken;
+//! arguments and goes config -> build -> spawn -> drain: [`App::build`] makes every part (and is
+//! what a test can build), [`App::spawn`] runs them, and [`drain`] waits for SIGTERM or SIGINT and
+//! stops them within a deadline.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
+use anyhow::Context;
 use cdi_spec::SpecDir;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{LimitOptions, SharingConfig};
 
 use crate::cli::{KubeletPluginArgs, LogFormat};
-use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource};
-use crate::http::Probes;
-use crate::metrics::Metrics;
+use crate::config::Resolved;
+use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource, SnapshotSource};
+use crate::http::{Probes, Scrape};
+use crate::metrics::{Metrics, WatchRestarts};
+use crate::plugin;
+use crate::plugin::api::node_pods::{NodePods, ReadAheadMetrics};
+use crate::plugin::api::{ClaimCache, ClaimSource, DEFAULT_API_TIMEOUT};
 use crate::plugin::cdi::CdiOptions;
-use crate::plugin::checkpoint::Checkpoint;
-use crate::plugin::health::HealthService;
-use crate::plugin::node_pods::NodePods;
-use crate::plugin::source::{ClaimCache, ClaimSource, DEFAULT_API_TIMEOUT};
+use crate::plugin::kubelet::Paths;
+use crate::plugin::kubelet::health::HealthService;
+use crate::plugin::kubelet::service::CallMetrics;
+use crate::plugin::report::DeviceReport;
 use crate::plugin::state::{State, StateOptions, Storage};
-use crate::plugin::{self, Paths};
-use crate::publisher::{Publisher, PublisherOptions};
+use crate::plugin::storage::checkpoint::Checkpoint;
+use crate::publisher::{PublishMetrics, Publisher, PublisherOptions};
 
 /// How long shutdown may take before the process gives up waiting.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -36,23 +42,12 @@ const FIRST_INVENTORY: Duration = Duration::from_secs(30);
 /// client-wide deadline, because watches stay open for minutes: each publisher call has its own.
 const API_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Sets up logging from `RUST_LOG` (default `info`); a bad filter fails fast. Colours only when
-/// stderr is a terminal: log collectors store the escape codes verbatim.
+/// Sets up logging from `RUST_LOG` (default `info`), in `format`; a bad filter fails fast.
 ///
 /// # Errors
 /// When the filter does not parse.
 pub fn init_tracing(format: LogFormat) -> anyhow::Result<()> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) => tracing_subscriber::EnvFilter::try_new(&spec).with_context(|| format!("RUST_LOG={spec:?}"))?,
-        Err(_) => tracing_subscriber::EnvFilter::new("info"),
-    };
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-    Ok(())
+    vgpu_dra_runtime::logging::init(format == LogFormat::Json).map_err(anyhow::Error::from)
 }
 
 /// Runs the daemon until a signal.
@@ -63,13 +58,11 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     init_tracing(args.log_format)?;
     let resolved = args.config.resolve_all(&args.node_name)?;
     resolved.log_ignored();
-    let config = resolved.sharing.clone();
     // The only reader of the devices: everyone else reads its snapshots, without I/O.
     let poll = Duration::from_millis(args.inventory_poll_ms.max(100));
     let devices =
         DeviceLoop::start(args.source.daemon_source(&args.node_name)?, DeviceLoopOptions { poll, ..Default::default() })
             .context("starting the device loop")?;
-    let snapshots = devices.source();
     // Blocking work is file I/O of prepares, which take one lock in turn: more threads than this
     // buy no speed, and each idle one keeps its stack and malloc cache resident for 10 s.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -80,106 +73,208 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     // `devices` lives until the runtime has stopped: dropping it stops the loop.
     runtime.block_on(async {
         let client = kube_client(args).await?;
+        let app = App::build(args, &resolved, devices.source(), client).await?;
         let cancel = CancellationToken::new();
-        tracing::info!(node = %args.node_name, driver = %config.driver_name, split = config.device_split_count, "vgpu-dra kubelet plugin starting");
+        drain(app.spawn(&cancel), &cancel).await
+    })
+}
+
+/// Every metrics family of the daemon, each owned by its component, in one registry.
+pub struct Telemetry {
+    /// The registry.
+    pub metrics: Arc<Metrics>,
+    /// The kubelet's calls.
+    pub calls: CallMetrics,
+    /// The pod watch's read ahead.
+    pub read_ahead: ReadAheadMetrics,
+    /// Slice writes.
+    pub publish: PublishMetrics,
+    /// The devices' figures, set at each scrape.
+    pub report: Arc<DeviceReport>,
+}
+
+impl Telemetry {
+    /// Registers every component's families for `node`.
+    pub fn new(node: String) -> Self {
+        let mut registry = Registry::default();
+        let restarts = WatchRestarts::register(&mut registry);
+        let calls = CallMetrics::register(&mut registry);
+        let read_ahead = ReadAheadMetrics::register(&mut registry, &restarts);
+        let publish = PublishMetrics::register(&mut registry, &restarts);
+        let report = Arc::new(DeviceReport::register(&mut registry, node));
+        Self { metrics: Arc::new(Metrics::new(registry)), calls, read_ahead, publish, report }
+    }
+}
+
+/// The daemon's parts, built and not yet running.
+pub struct App {
+    paths: Paths,
+    driver: String,
+    state: Arc<State>,
+    node_pods: Option<NodePods>,
+    client: kube::Client,
+    publisher: Publisher,
+    snapshots: SnapshotSource,
+    config: SharingConfig,
+    pool: String,
+    telemetry: Telemetry,
+    metrics_address: std::net::SocketAddr,
+    state_check: Duration,
+}
+
+impl App {
+    /// Builds every part: host files, the first inventory, the claims' source, the recovered
+    /// state and the publisher.
+    ///
+    /// # Errors
+    /// When a part cannot be made: host files, no inventory in time, a failed recovery.
+    pub async fn build(
+        args: &KubeletPluginArgs,
+        resolved: &Resolved,
+        snapshots: SnapshotSource,
+        client: kube::Client,
+    ) -> anyhow::Result<Self> {
+        let config = resolved.sharing.clone();
+        let node = args.node_name.clone();
+        tracing::info!(%node, driver = %config.driver_name, split = config.device_split_count, "vgpu-dra kubelet plugin starting");
         let paths = Paths::new(&args.kubelet_dir, config.driver_name.as_str());
-        let metrics = Arc::new(Metrics::new(args.node_name.clone()));
+        let telemetry = Telemetry::new(node.clone());
         let cdi = cdi_options(args, &config)?;
         {
             let cdi = cdi.clone();
-            tokio::task::spawn_blocking(move || plugin::host::prepare(&cdi)).await?.context("preparing HAMi-core's host files")?;
+            tokio::task::spawn_blocking(move || plugin::storage::host::prepare(&cdi))
+                .await?
+                .context("preparing HAMi-core's host files")?;
         }
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
         snapshots.first(FIRST_INVENTORY).await.with_context(|| format!("no GPU inventory within {FIRST_INVENTORY:?}"))?;
         if let Ok(inventory) = snapshots.inventory() {
             resolved.log_mig(&inventory);
         }
-        let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
         // This node's claims only: read ahead for the pods bound here, else one by one when the
-        // kubelet names them; never a watch of the cluster's claims (see `plugin::source`).
-        let cache = ClaimCache::new(config.driver_name.to_string(), args.node_name.clone());
-        let claims = ClaimSource::api(client.clone()).with_cache(cache);
-        let node_pods = args
-            .pod_watch
-            .then(|| NodePods::new(config.driver_name.to_string(), args.node_name.clone(), Some(metrics.clone())));
-        let claims = match &node_pods {
-            Some(pods) => claims.with_node_pods(pods.clone()),
-            None => claims,
-        };
-        let pod_watch = node_pods.map(|pods| tokio::spawn(pods.run(client.clone(), DEFAULT_API_TIMEOUT, cancel.clone())));
+        // kubelet names them; never a watch of the cluster's claims (see `plugin::api`).
+        let driver = config.driver_name.to_string();
+        let node_pods = args.pod_watch.then(|| NodePods::new(driver.clone(), node.clone(), Some(telemetry.read_ahead.clone())));
+        let mut claims = ClaimSource::api(client.clone()).with_cache(ClaimCache::new(driver.clone(), node.clone()));
+        if let Some(pods) = &node_pods {
+            claims = claims.with_node_pods(pods.clone());
+        }
         let options = StateOptions {
             deleted_claim_grace: Duration::from_secs(args.deleted_claim_grace_seconds),
             spare_files: SPARE_FILES,
             ..Default::default()
         };
-        let state = State::recover(
-            claims,
-            source,
-            config.clone(),
-            args.node_name.clone(),
-            Storage { checkpoint: Checkpoint::new(&paths.checkpoint), cdi, specs },
-            options,
-        )
-        .await
-        .context("recovering prepared claims")?
-        .with_fail_point(args.fail_point);
-        let state = Arc::new(state);
-        let maintenance = tokio::spawn(state.clone().maintain(Duration::from_millis(args.state_check_ms.max(100)), cancel.clone()));
+        let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
+        let storage = Storage { checkpoint: Checkpoint::new(&paths.checkpoint), cdi, specs };
+        let state = State::recover(claims, source, config.clone(), node.clone(), storage, options)
+            .await
+            .context("recovering prepared claims")?
+            .with_fail_point(args.fail_point);
+        let publisher =
+            Publisher::new(client.clone(), node.clone(), snapshots.clone(), config.clone(), PublisherOptions::default())
+                .with_metrics(telemetry.publish.clone());
+        Ok(Self {
+            paths,
+            driver,
+            state: Arc::new(state),
+            node_pods,
+            client,
+            publisher,
+            snapshots,
+            config,
+            pool: node,
+            telemetry,
+            metrics_address: args.metrics_address,
+            state_check: Duration::from_millis(args.state_check_ms.max(100)),
+        })
+    }
+
+    /// Starts every part; the handle ends when all have stopped. A part that cannot go on
+    /// (the kubelet's sockets, the metrics endpoint) cancels the others.
+    pub fn spawn(self, cancel: &CancellationToken) -> JoinHandle<()> {
+        let Self {
+            paths,
+            driver,
+            state,
+            node_pods,
+            client,
+            publisher,
+            snapshots,
+            config,
+            pool,
+            telemetry,
+            metrics_address,
+            state_check,
+        } = self;
+        let pod_watch = node_pods.map(|pods| tokio::spawn(pods.run(client, DEFAULT_API_TIMEOUT, cancel.clone())));
+        let maintenance = tokio::spawn(state.clone().maintain(state_check, cancel.clone()));
         let registered = Arc::new(AtomicBool::new(false));
-        let driver = config.driver_name.to_string();
         let (health_tx, health_rx) = tokio::sync::watch::channel(Vec::new());
-        let health_feed = tokio::spawn(plugin::health::follow_snapshots(snapshots.clone(), config.clone(), health_tx, cancel.clone()));
-        let publisher = Publisher::new(client, args.node_name.clone(), snapshots, config, PublisherOptions::default())
-            .with_metrics(metrics.clone());
-        let health = HealthService { pool: args.node_name.clone(), devices: health_rx };
+        let health_feed = tokio::spawn(plugin::kubelet::health::follow_snapshots(snapshots, config, health_tx, cancel.clone()));
         let probes = Probes {
             registered: registered.clone(),
             published: publisher.ready_flag(),
             sockets: vec![paths.dra_socket.clone(), paths.registration_socket.clone()],
         };
-        let http_cancel = cancel.clone();
-        let http = tokio::spawn(crate::http::serve(args.metrics_address, probes, metrics.clone(), state.clone(), cancel.clone()));
-        let http = tokio::spawn(async move {
-            if let Ok(Err(e)) = http.await {
-                tracing::error!(error = %format!("{e:#}"), "metrics and probes endpoint failed");
-                http_cancel.cancel();
-            }
-        });
+        let scrape = Scrape { metrics: telemetry.metrics, report: telemetry.report, state: state.clone() };
+        let http =
+            essential("metrics and probes endpoint", cancel, crate::http::serve(metrics_address, probes, scrape, cancel.clone()));
+        let health = HealthService { pool, devices: health_rx };
+        let calls = Some(telemetry.calls);
         let plugin_cancel = cancel.clone();
-        let plugin_metrics = metrics.clone();
-        let plugin = tokio::spawn(async move {
-            if let Err(e) = plugin::serve(&paths, &driver, state, health, registered, Some(plugin_metrics), plugin_cancel.clone()).await {
-                // A plugin that cannot serve the kubelet is useless: stop everything.
-                tracing::error!(error = %format!("{e:#}"), "kubelet plugin failed");
-                plugin_cancel.cancel();
-            }
+        let plugin = essential("kubelet plugin", cancel, async move {
+            plugin::kubelet::serve(&paths, &driver, state, health, registered, calls, plugin_cancel).await
         });
-        let publisher_task = tokio::spawn(publisher.run(cancel.clone()));
-        let mut task = tokio::spawn(async move {
+        let publisher = tokio::spawn(publisher.run(cancel.clone()));
+        tokio::spawn(async move {
             let pod_watch = async move {
                 if let Some(watch) = pod_watch {
                     let _ = watch.await;
                 }
             };
-            let _ = tokio::join!(plugin, publisher_task, http, health_feed, maintenance, pod_watch);
-        });
-        tokio::select! {
-            signal = shutdown_signal() => {
-                tracing::info!(signal, "shutting down");
-                cancel.cancel();
-            }
-            res = &mut task => {
-                res.context("driver tasks")?;
-                anyhow::bail!("the kubelet plugin stopped");
-            }
+            let _ = tokio::join!(plugin, publisher, http, health_feed, maintenance, pod_watch);
+        })
+    }
+}
+
+/// Runs `part`; when it fails, logs why and cancels every other part: the daemon is of no use
+/// without it.
+fn essential(
+    what: &'static str,
+    cancel: &CancellationToken,
+    part: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) -> JoinHandle<()> {
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        if let Err(e) = part.await {
+            tracing::error!(error = %format!("{e:#}"), "{what} failed");
+            cancel.cancel();
         }
-        tokio::select! {
-            _ = &mut task => {}
-            () = tokio::time::sleep(DRAIN_GRACE) => tracing::warn!("shutdown took longer than {DRAIN_GRACE:?}; exiting"),
-            _ = shutdown_signal() => tracing::warn!("second signal; exiting now"),
-        }
-        Ok(())
     })
+}
+
+/// Waits for SIGTERM or SIGINT, then cancels the parts and gives them [`DRAIN_GRACE`] to stop; a
+/// part set that stops by itself first is an error (one of them failed).
+///
+/// # Errors
+/// When the parts stopped without a signal.
+pub async fn drain(mut parts: JoinHandle<()>, cancel: &CancellationToken) -> anyhow::Result<()> {
+    tokio::select! {
+        signal = shutdown_signal() => {
+            tracing::info!(signal, "shutting down");
+            cancel.cancel();
+        }
+        res = &mut parts => {
+            res.context("driver tasks")?;
+            anyhow::bail!("the kubelet plugin stopped");
+        }
+    }
+    tokio::select! {
+        _ = &mut parts => {}
+        () = tokio::time::sleep(DRAIN_GRACE) => tracing::warn!("shutdown took longer than {DRAIN_GRACE:?}; exiting"),
+        _ = shutdown_signal() => tracing::warn!("second signal; exiting now"),
+    }
+    Ok(())
 }
 
 /// Claims whose temp files are made ahead (see `StateOptions::spare_files`): a sequence of
@@ -233,4 +328,65 @@ pub fn cdi_options(args: &KubeletPluginArgs, config: &SharingConfig) -> anyhow::
         toolkit_dirs: vec!["/etc/cdi".into(), args.cdi_dir.clone()],
         ..CdiOptions::for_driver(&config.driver_name, &args.hami_core_dir)?
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::labels;
+
+    #[test]
+    fn every_family_is_exposed() {
+        let t = Telemetry::new("n1".into());
+        t.calls.prepare_seconds.get_or_create(&labels(&[("result", "ok")])).observe(0.001);
+        t.calls.unprepare_seconds.get_or_create(&labels(&[("result", "ok")])).observe(0.001);
+        t.publish.slice_writes.get_or_create(&labels(&[("op", "apply"), ("result", "ok")])).inc();
+        let text = t.metrics.encode();
+        // Families without series are left out of the exposition; these have one each.
+        for name in [
+            "vgpu_dra_unprepare_duration_seconds_count{result=\"ok\"} 1",
+            "vgpu_dra_slice_writes_total{op=\"apply\",result=\"ok\"} 1",
+        ] {
+            assert!(text.contains(name), "{name} missing:\n{text}");
+        }
+    }
+
+    /// docs/metrics.md lists exactly the families the driver registers, under the names a query
+    /// uses (counters with `_total`).
+    #[test]
+    fn metrics_doc_lists_every_family() {
+        let t = Telemetry::new("n1".into());
+        let l = labels(&[("x", "y")]);
+        let r = &t.report;
+        for f in r.float_families() {
+            f.get_or_create(&l).set(1.0);
+        }
+        r.overcommitted.get_or_create(&l).set(1);
+        r.prepared.set(1);
+        t.calls.prepare_seconds.get_or_create(&l).observe(0.001);
+        t.calls.unprepare_seconds.get_or_create(&l).observe(0.001);
+        for c in [&t.calls.prepare_errors, &t.publish.slice_writes, &t.read_ahead.prefetch] {
+            c.get_or_create(&l).inc();
+        }
+        t.read_ahead.pod_events.inc();
+        let exposed: std::collections::BTreeSet<String> = t
+            .metrics
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .map(|l| match l.split_once(' ') {
+                Some((name, "counter")) => format!("{name}_total"),
+                Some((name, _)) => name.to_owned(),
+                None => l.to_owned(),
+            })
+            .collect();
+        let doc = include_str!("../../docs/metrics.md");
+        let documented: std::collections::BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(name, _)| name.to_owned()))
+            .filter(|n| !n.starts_with('/'))
+            .collect();
+        assert_eq!(exposed, documented, "docs/metrics.md and the registry differ");
+    }
 }

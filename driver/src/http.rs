@@ -15,6 +15,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::plugin::report::DeviceReport;
 use crate::plugin::state::State;
 
 /// What the probes look at.
@@ -28,11 +29,29 @@ pub struct Probes {
     pub sockets: Vec<PathBuf>,
 }
 
+/// What a scrape reads: the registry, with the device figures set from the state just before.
+#[derive(Clone)]
+pub struct Scrape {
+    /// The registry.
+    pub metrics: Arc<Metrics>,
+    /// The device figures in it.
+    pub report: Arc<DeviceReport>,
+    /// Where they come from.
+    pub state: Arc<State>,
+}
+
+impl Scrape {
+    /// The text exposition, with the device figures as the state has them now.
+    pub async fn render(&self) -> String {
+        self.report.update(&self.state.snapshot().await);
+        self.metrics.encode()
+    }
+}
+
 #[derive(Clone)]
 struct Shared {
     probes: Probes,
-    metrics: Arc<Metrics>,
-    state: Arc<State>,
+    scrape: Scrape,
 }
 
 async fn sockets_answer(probes: &Probes) -> Result<(), String> {
@@ -71,24 +90,15 @@ async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
 }
 
 async fn metrics(AxumState(s): AxumState<Shared>) -> ([(&'static str, &'static str); 1], String) {
-    (
-        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        s.metrics.render(&s.state.snapshot().await),
-    )
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], s.scrape.render().await)
 }
 
 /// Serves the endpoints on `address` until `cancel`.
 ///
 /// # Errors
 /// When the address cannot be bound.
-pub async fn serve(
-    address: SocketAddr,
-    probes: Probes,
-    metrics_: Arc<Metrics>,
-    state: Arc<State>,
-    cancel: CancellationToken,
-) -> anyhow::Result<()> {
-    let shared = Shared { probes, metrics: metrics_, state };
+pub async fn serve(address: SocketAddr, probes: Probes, scrape: Scrape, cancel: CancellationToken) -> anyhow::Result<()> {
+    let shared = Shared { probes, scrape };
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))

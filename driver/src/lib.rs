@@ -18,12 +18,5 @@ pub mod publisher;
 pub mod slices;
 #[cfg(test)]
 mod testlog;
-pub mod uds;
 
-/// Names ring as rustls' process-wide provider. When another crate of the same build enables
-/// rustls' aws-lc-rs as well (the CDI library's test dependency does, under `cargo test
-/// --workspace`), rustls can no longer pick one by itself and the first TLS client panics.
-/// Idempotent: a provider already installed stays.
-pub fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub use vgpu_dra_runtime::install_crypto_provider;

@@ -23,7 +23,11 @@ use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{Inventory, PublishedDevice, SharingConfig, publish};
 
 use crate::discovery::{DeviceSource, DiscoveryError, SnapshotSource};
-use crate::metrics::{Metrics, labels};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{Labels, WatchRestarts, labels};
 use crate::slices::{LABEL_MANAGED_BY, PoolIdentity, build_slices};
 
 /// Field manager of our server-side applies.
@@ -127,6 +131,29 @@ pub struct ReconcileOutcome {
     pub generation: i64,
 }
 
+/// Slice writes and the slice watch's restarts, as the metrics count them.
+#[derive(Clone)]
+pub struct PublishMetrics {
+    /// ResourceSlice writes by operation (`apply`, `delete`) and result.
+    pub(crate) slice_writes: Family<Labels, Counter>,
+    /// Restarts of the slice watch.
+    restarts: Counter,
+}
+
+impl PublishMetrics {
+    /// Registers the family; the watch's restarts go to `restarts`.
+    pub fn register(registry: &mut Registry, restarts: &WatchRestarts) -> Self {
+        let m = Self { slice_writes: Family::default(), restarts: restarts.of("resourceslices") };
+        registry.register("vgpu_dra_slice_writes", "ResourceSlice writes by operation and result", m.slice_writes.clone());
+        m
+    }
+
+    /// One slice write of `op` (`apply`, `delete`) and whether it succeeded.
+    pub fn wrote(&self, op: &str, ok: bool) {
+        self.slice_writes.get_or_create(&labels(&[("op", op), ("result", if ok { "ok" } else { "error" })])).inc();
+    }
+}
+
 /// Publishes one node's pool.
 pub struct Publisher {
     slices: Api<ResourceSlice>,
@@ -138,7 +165,7 @@ pub struct Publisher {
     generation: i64,
     published: Option<Vec<PublishedDevice>>,
     ready: Arc<AtomicBool>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<PublishMetrics>,
 }
 
 impl Publisher {
@@ -166,14 +193,14 @@ impl Publisher {
 
     /// Counts slice writes and watch restarts in `metrics`.
     #[must_use]
-    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+    pub fn with_metrics(mut self, metrics: PublishMetrics) -> Self {
         self.metrics = Some(metrics);
         self
     }
 
     fn count_write(&self, op: &str, ok: bool) {
         if let Some(m) = &self.metrics {
-            m.slice_writes.get_or_create(&labels(&[("op", op), ("result", if ok { "ok" } else { "error" })])).inc();
+            m.wrote(op, ok);
         }
     }
 
@@ -343,7 +370,7 @@ async fn watch_slices(
     api: Api<ResourceSlice>,
     selector: String,
     wake: Arc<Notify>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<PublishMetrics>,
     cancel: CancellationToken,
 ) {
     let config = watcher::Config::default().fields(&selector);
@@ -360,7 +387,7 @@ async fn watch_slices(
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     if let Some(m) = &metrics {
-                        m.watch_restarts.get_or_create(&labels(&[("resource", "resourceslices")])).inc();
+                        m.restarts.inc();
                     }
                     // The reconciler's own resync still runs meanwhile: a lost watch delays a
                     // repair, it does not stop it.

@@ -42,7 +42,18 @@ impl Write for Warnings {
     }
 }
 
-/// The pauses between successive calls made at `times`.
-pub fn gaps(times: &[tokio::time::Instant]) -> Vec<std::time::Duration> {
-    times.windows(2).map(|w| w[1] - w[0]).collect()
+/// Checks the calls a failing watch made at `times` over two minutes: growing pauses (0.5 s
+/// doubling to 30 s, each in [cap/2, cap]: at most 14 calls, where a fixed 500 ms retry makes
+/// about 240), and one warning per failure in `warnings`, each with all of `naming`.
+pub fn assert_backed_off(times: &[tokio::time::Instant], warnings: &Warnings, naming: &[&str]) {
+    use std::time::Duration;
+    assert!((4..=14).contains(&times.len()), "{} calls in 120 s", times.len());
+    let gaps: Vec<Duration> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    for pair in gaps.windows(2).filter(|pair| pair[0] < Duration::from_secs(15)) {
+        assert!(pair[1] >= pair[0], "pauses grow until the longest: {gaps:?}");
+    }
+    assert!(gaps.iter().all(|g| *g <= Duration::from_secs(30)), "{gaps:?}");
+    let lines = warnings.lines();
+    assert!(lines.len() >= times.len() - 1, "one warning per failure: {lines:?}");
+    assert!(lines.iter().all(|l| l.contains("WARN") && naming.iter().all(|n| l.contains(n))), "{lines:?}");
 }

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
+use vgpu_dra::daemon::Telemetry;
 use vgpu_dra::discovery::DeviceSource;
 use vgpu_dra::discovery::mock::{MockSource, parse_spec};
-use vgpu_dra::metrics::{Metrics, labels};
 use vgpu_dra::plugin::state::StateSnapshot;
 use vgpu_scheduling::{SharingConfig, publish};
 
@@ -128,18 +128,17 @@ fn expressions(dashboard: &Value) -> Vec<String> {
 
 /// The series names the driver's registry exposes, with every family given a series.
 fn exported() -> BTreeSet<String> {
-    let metrics = Metrics::new("n1".into());
+    let telemetry = Telemetry::new("n1".into());
     let inventory = MockSource::new("n1", parse_spec("2xTesla T4:15Gi").unwrap()).inventory().unwrap();
     let published = publish(&inventory, &SharingConfig::default());
     let usage = published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect();
     let overcommitted = vec![(published[0].name.clone(), "memory".to_owned())];
-    let l = labels(&[("result", "ok")]);
-    metrics.prepare_seconds.get_or_create(&l).observe(0.01);
-    metrics.unprepare_seconds.get_or_create(&l).observe(0.01);
-    metrics.prepare_errors.get_or_create(&labels(&[("reason", "x")])).inc();
-    metrics.slice_writes.get_or_create(&labels(&[("op", "apply"), ("result", "error")])).inc();
-    metrics.watch_restarts.get_or_create(&labels(&[("resource", "claims")])).inc();
-    let text = metrics.render(&StateSnapshot { published, usage, shares: Vec::new(), prepared: 1, overcommitted });
+    telemetry.calls.prepared(0.01, None);
+    telemetry.calls.prepared(0.01, Some("x"));
+    telemetry.calls.unprepared(0.01, true);
+    telemetry.publish.wrote("apply", false);
+    telemetry.report.update(&StateSnapshot { published, usage, shares: Vec::new(), prepared: 1, overcommitted });
+    let text = telemetry.metrics.encode();
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| l.split(['{', ' ']).next().unwrap_or_default().to_owned())

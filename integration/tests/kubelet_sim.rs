@@ -120,8 +120,8 @@ fn serve(rt: &tokio::runtime::Runtime, dir: &Path) -> PathBuf {
     let endpoint = plugin.join("dra.sock");
     let _guard = rt.enter();
     // Without the authority shim the kubelet's registration call fails with PROTOCOL_ERROR.
-    let dra = vgpu_dra::uds::bind(&endpoint).unwrap();
-    let reg = vgpu_dra::uds::bind(&registry.join(format!("{DRIVER}-reg.sock"))).unwrap();
+    let dra = vgpu_dra::plugin::kubelet::uds::bind(&endpoint).unwrap();
+    let reg = vgpu_dra::plugin::kubelet::uds::bind(&registry.join(format!("{DRIVER}-reg.sock"))).unwrap();
     rt.spawn(
         tonic::transport::Server::builder()
             .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(Trivial))

@@ -285,14 +285,14 @@ struct DeepTreeCleanup(std::path::PathBuf);
 
 impl Drop for DeepTreeCleanup {
     fn drop(&mut self) {
-        let trash = vgpu_dra::plugin::trash::Trash::new(&self.0);
+        let trash = vgpu_dra::plugin::storage::trash::Trash::new(&self.0);
         for entry in std::fs::read_dir(&self.0).into_iter().flatten().flatten() {
-            if entry.file_name() != vgpu_dra::plugin::trash::TRASH_DIR {
+            if entry.file_name() != vgpu_dra::plugin::storage::trash::TRASH_DIR {
                 let _ = trash.discard(&entry.path());
             }
         }
         for _ in 0..100 {
-            if trash.empty(vgpu_dra::plugin::trash::DEFAULT_BUDGET).left == 0 {
+            if trash.empty(vgpu_dra::plugin::storage::trash::DEFAULT_BUDGET).left == 0 {
                 break;
             }
         }

@@ -56,6 +56,15 @@ impl PublishedDevice {
     pub fn capacity_values(&self) -> BTreeMap<String, Quantity> {
         self.capacity.iter().map(|(k, c)| (k.clone(), c.value)).collect()
     }
+
+    /// The card's index as NVML numbers it (the `index` attribute), else its minor: what the
+    /// NVIDIA toolkit's CDI names and HAMi's metrics call the card.
+    pub fn index(&self) -> u32 {
+        match self.attributes.get("index") {
+            Some(Attribute::Int(i)) => u32::try_from(*i).unwrap_or(self.minor),
+            _ => self.minor,
+        }
+    }
 }
 
 /// The devices of `inventory` under `config`, in minor order: cards in MIG mode publish their MIG

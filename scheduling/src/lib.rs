@@ -20,7 +20,6 @@ pub mod model;
 
 pub use config::{ConfigError, DeviceFilter, NodeOverride, Ratio, SharingConfig};
 pub mod device_config;
-mod device_config_hami;
 mod yaml_tree;
 
 pub use device::{Attribute, PublishedDevice, publish};
@@ -32,9 +31,7 @@ pub mod ledger;
 
 pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};
 pub mod compat;
-mod error_chain;
 pub mod limits;
 
 pub use compat::{CardRequest, ClassFacts, CompatError, CompatSettings, PodConversion, convert_pod};
-pub use error_chain::error_chain;
 pub use limits::{DeviceShare, LimitError, LimitOptions, container_env, per_card};

@@ -366,7 +366,7 @@ impl KubeCluster {
     /// The known-templates map; a poisoned lock only means a panicking admission, and the map
     /// holds nothing that panic could leave half-written.
     fn known_lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
-        let mut known = self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut known = vgpu_dra_runtime::sync::lock(&self.known);
         // Bounded by the shapes in use: forget the stale ones as we go.
         if known.len() > 4096 {
             known.retain(|_, at| at.elapsed() < KNOWN_TEMPLATE_FOR);

@@ -15,8 +15,10 @@
 //! webhook waits, not ready, and says why.
 
 use std::future::Future;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
+
 use std::time::{Duration, SystemTime};
+use vgpu_dra_runtime::sync::{read, write};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
@@ -241,12 +243,12 @@ impl ServingCert {
     /// The certificate and key served now.
     pub fn current(&self) -> Arc<CertifiedKey> {
         // A panic elsewhere while holding the lock cannot leave a half-written Arc behind.
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&read(&self.current))
     }
 
     /// Serves `key` from the next handshake on.
     pub fn swap(&self, key: Arc<CertifiedKey>) {
-        *self.current.write().unwrap_or_else(PoisonError::into_inner) = key;
+        *write(&self.current) = key;
     }
 
     /// A rustls server configuration (HTTP/1.1, the process-wide crypto provider) presenting

@@ -29,11 +29,5 @@ pub use args::WebhookArgs;
 pub use run::{RunError, run};
 
 /// An error and its causes on one line, for logs and admission messages.
-pub(crate) use vgpu_scheduling::error_chain;
-
-/// Installs ring as rustls' process-wide provider (once; later calls are no-ops), as the driver
-/// does: kube's client and the serving TLS config both build on the default provider.
-pub fn install_crypto_provider() {
-    // Err means a provider is installed already, which is all we need.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
+pub(crate) use vgpu_dra_runtime::error_chain;
+pub use vgpu_dra_runtime::install_crypto_provider;

@@ -36,8 +36,8 @@ const REGISTER_RETRY_MAX: Duration = Duration::from_secs(10);
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// `RUST_LOG` does not parse.
-    #[error("RUST_LOG={0:?} is not a valid filter")]
-    LogFilter(String, #[source] tracing_subscriber::filter::ParseError),
+    #[error("not a valid log filter")]
+    LogFilter(#[from] vgpu_dra_runtime::logging::LogFilterError),
     /// The device configuration file cannot be read.
     #[error("reading {path}")]
     ReadConfig {
@@ -88,7 +88,7 @@ pub enum RunError {
 /// [`RunError`] for bad flags or files, an unreachable API server at startup, or a port in use.
 pub fn run(args: &WebhookArgs) -> Result<(), RunError> {
     crate::install_crypto_provider();
-    init_tracing()?;
+    vgpu_dra_runtime::logging::init(false)?;
     let settings = settings(args)?;
     let endpoint = endpoint(args)?;
     // Files are read before the runtime starts: no blocking I/O on it.
@@ -142,16 +142,6 @@ async fn register_only(
     let registration = registration_of(args, settings, endpoint, None, owner);
     registration.apply(client, API_TIMEOUT).await?;
     tracing::info!(webhook = registration.webhook_name(), "registered; the webhook keeps its caBundle");
-    Ok(())
-}
-
-fn init_tracing() -> Result<(), RunError> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) => tracing_subscriber::EnvFilter::try_new(&spec).map_err(|e| RunError::LogFilter(spec, e))?,
-        Err(_) => tracing_subscriber::EnvFilter::new("info"),
-    };
-    // A second init (tests calling run twice) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).try_init();
     Ok(())
 }
 
@@ -244,10 +234,7 @@ async fn serve(
         tokio::spawn(server::serve_plain(l, router, cancel.clone()))
     });
 
-    let names = match &endpoint {
-        Endpoint::Url(url) => tls::serving_names(url.parse::<http::Uri>().ok().as_ref().and_then(http::Uri::host), None),
-        Endpoint::Service { name, namespace } => tls::serving_names(None, Some((name, namespace))),
-    };
+    let names = serving_names(&endpoint);
     let secret = CertSecret::new(client.clone(), &args.namespace, &args.secret_name, cert_mode(args, names), API_TIMEOUT);
     let Some(bundle) = secret.initial(&cancel, &readiness).await? else {
         tracing::info!("stopped while waiting for the certificate Secret");
@@ -262,11 +249,7 @@ async fn serve(
     };
     let cluster = KubeCluster::new(client.clone(), &settings.driver, API_TIMEOUT, SLICE_CACHE);
     let registration = registration_of(args, &settings, endpoint, Some(bundle.ca_pem.clone()), owner);
-    // Answer a second before the API server gives up, so the client reads why.
-    let deadline = Duration::from_secs(u64::from(args.timeout_seconds.unsigned_abs()))
-        .saturating_sub(Duration::from_secs(1))
-        .max(Duration::from_millis(500));
-    let admitter = Arc::new(Admitter::new(settings, cluster, metrics.clone()).with_deadline(deadline));
+    let admitter = Arc::new(Admitter::new(settings, cluster, metrics.clone()).with_deadline(answer_within(args.timeout_seconds)));
     let router = server::admission_router(admitter);
     let https = tokio::spawn(server::serve_tls(listener, tls_config, router, Refusals::new(metrics), cancel.clone()));
 
@@ -292,6 +275,22 @@ async fn serve(
     let every = Duration::from_secs(args.certificate_check_seconds);
     let certificate_checks = tokio::spawn(keeper.run(every, cancel.clone()));
     finish(Some(https), Some(certificate_checks), metrics_server, &cancel).await
+}
+
+/// The names the serving certificate must carry for the API server to reach `endpoint`.
+fn serving_names(endpoint: &Endpoint) -> Vec<String> {
+    match endpoint {
+        Endpoint::Url(url) => tls::serving_names(url.parse::<http::Uri>().ok().as_ref().and_then(http::Uri::host), None),
+        Endpoint::Service { name, namespace } => tls::serving_names(None, Some((name, namespace))),
+    }
+}
+
+/// How long a review may take: a second before the API server gives up (its `timeoutSeconds`),
+/// so the client reads why.
+fn answer_within(timeout_seconds: i32) -> Duration {
+    Duration::from_secs(u64::from(timeout_seconds.unsigned_abs()))
+        .saturating_sub(Duration::from_secs(1))
+        .max(Duration::from_millis(500))
 }
 
 /// Registers as `mode` says: the whole configuration at once (a failure stops the start), or

@@ -5,8 +5,10 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+
 use std::time::{Duration, Instant};
+use vgpu_dra_runtime::sync::{lock, read, write};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -48,17 +50,17 @@ impl Readiness {
 
     /// Ready from now on.
     pub fn set_ready(&self) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
+        *write(&self.0) = None;
     }
 
     /// Not ready from now on, for `reason`.
     pub fn set_not_ready(&self, reason: impl Into<String>) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(reason.into());
+        *write(&self.0) = Some(reason.into());
     }
 
     /// Why it is not ready; `None` when it is.
     pub fn reason(&self) -> Option<String> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+        read(&self.0).clone()
     }
 }
 
@@ -86,7 +88,7 @@ impl Refusals {
         self.metrics.refused_client(refusal.label());
         let now = Instant::now();
         let first = {
-            let mut logged = self.logged.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut logged = lock(&self.logged);
             if logged.len() >= REFUSAL_LOG_PEERS {
                 logged.retain(|_, at| now.duration_since(*at) < REFUSAL_LOG_EVERY);
                 if logged.len() >= REFUSAL_LOG_PEERS {

@@ -1,7 +1,7 @@
 //! The CEL subset's syntax: tokens and a recursive-descent parser with CEL's precedence
 //! (`||` < `&&` < relations and `in` < `+ -` < unary `! -` < member access, index and call).
 
-use super::{CelError, Value};
+use super::value::{CelError, Value};
 
 #[derive(Debug, Clone, PartialEq)]
 enum Token {

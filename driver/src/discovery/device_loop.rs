@@ -16,8 +16,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use vgpu_scheduling::{Gpu, Health, Inventory};
 
+use super::snapshot::SnapshotSource;
+use super::source::{CardList, DeviceSource, DiscoveryError};
 use super::worker::{Start, Worker};
-use super::{CardList, DeviceSource, DiscoveryError, SnapshotSource};
 
 /// How long one read may take before its card is reported unhealthy. NVML answers in
 /// milliseconds; a wedged card (XID 79, a stuck GSP) can block a call for minutes, and the

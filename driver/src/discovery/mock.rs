@@ -5,17 +5,8 @@
 use sha2::{Digest, Sha256};
 use vgpu_scheduling::{Gpu, Health, Inventory, Quantity};
 
-use super::{DeviceSource, DiscoveryError};
-
-/// A malformed item of a `--mock-gpus` spec; the message quotes the item.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--mock-gpus item {item:?}: {reason}")]
-pub struct MockSpecError {
-    /// The item as given.
-    pub item: String,
-    /// What is wrong with it.
-    pub reason: String,
-}
+pub use super::source::MockSpecError;
+use super::source::{DeviceSource, DiscoveryError};
 
 /// One item of the spec: `count` cards of `product` with `memory_bytes` each.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use vgpu_scheduling::{Gpu, Inventory};
 
-use super::{CardList, DeviceSource, DiscoveryError, read_all};
+use super::source::{CardList, DeviceSource, DiscoveryError, read_all};
 
 /// How often a hanging card's read looks at the file again to see whether it may return.
 const HANG_RECHECK: Duration = Duration::from_millis(100);

@@ -6,7 +6,7 @@ use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 use vgpu_scheduling::{Gpu, Health, Inventory, MigDevice};
 
-use super::{CardList, DeviceSource, DiscoveryError};
+use super::source::{CardList, DeviceSource, DiscoveryError, read_all};
 
 /// NVML's "MIG enabled" mode value.
 const MIG_ENABLED: u32 = 1;
@@ -63,7 +63,7 @@ fn step<T>(what: &'static str, r: Result<T, NvmlError>) -> Result<T, DiscoveryEr
 
 impl DeviceSource for NvmlSource {
     fn inventory(&self) -> Result<Inventory, DiscoveryError> {
-        super::read_all(self)
+        read_all(self)
     }
 
     fn cards(&self) -> Result<CardList, DiscoveryError> {

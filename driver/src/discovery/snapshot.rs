@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use vgpu_scheduling::Inventory;
 
-use super::{DeviceSource, DiscoveryError};
+use super::source::{DeviceSource, DiscoveryError};
 
 /// A [`DeviceSource`] answering with the latest snapshot; `None` in the channel until the first
 /// read completes.
@@ -16,7 +16,7 @@ pub struct SnapshotSource {
 }
 
 impl SnapshotSource {
-    /// A source over `snapshots` (from [`super::DeviceLoop::source`], or a test's own channel).
+    /// A source over `snapshots` (from [`super::device_loop::DeviceLoop::source`], or a test's own channel).
     pub fn new(snapshots: watch::Receiver<Option<Inventory>>) -> Self {
         Self { snapshots }
     }

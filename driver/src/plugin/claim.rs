@@ -1,7 +1,8 @@
 //! From an allocated ResourceClaim to what this node must do for it: checks that the claim is
 //! ours to prepare, and the shares it takes of which devices. Pure: no I/O.
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::core::v1::NodeSelector;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use vgpu_scheduling::{
     Consumption, DeviceName, DriverName, NameError, Namespace, ObjectName, PublishedDevice, Quantity, ShareKey, Uid,
 };
@@ -228,18 +229,7 @@ pub fn devices_of(
     if consumers > 1 {
         return Err(ClaimError::SharedAcrossPods { claim: label, count: consumers });
     }
-    if let Some(selector) = &allocation.node_selector {
-        let names: Vec<&str> = selector
-            .node_selector_terms
-            .iter()
-            .flat_map(|t| t.match_fields.iter().flatten().chain(t.match_expressions.iter().flatten()))
-            .filter(|r| r.key == "metadata.name" || r.key == "kubernetes.io/hostname")
-            .flat_map(|r| r.values.iter().flatten().map(String::as_str))
-            .collect();
-        if !names.is_empty() && !names.contains(&node) {
-            return Err(ClaimError::OtherNode { claim: label, other: names.join(","), node: node.to_owned() });
-        }
-    }
+    check_node_selector(allocation.node_selector.as_ref(), &label, node)?;
     let results = allocation.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
     let ours: Vec<_> = results.iter().filter(|r| r.driver == driver.as_str()).collect();
     if let Some(other) = ours.iter().find(|r| r.pool != node) {
@@ -254,39 +244,7 @@ pub fn devices_of(
             .iter()
             .find(|d| d.name.as_str() == r.device)
             .ok_or_else(|| ClaimError::UnknownDevice { claim: label.clone(), device: r.device.clone() })?;
-        // Without consumedCapacity (no consumable capacity on the scheduler side) the share is
-        // what an empty request consumes under the device's policies: the scheduler's default.
-        let mut consumption = Consumption::new();
-        for (name, capacity) in &dev.capacity {
-            let amount = match r.consumed_capacity.as_ref().and_then(|c| c.get(name)) {
-                Some(q) => Quantity::parse(&q.0).map_err(|_| ClaimError::BadConsumption {
-                    claim: label.clone(),
-                    capacity: name.clone(),
-                    value: q.0.clone(),
-                })?,
-                None => capacity.consumed_by(None).unwrap_or(capacity.value),
-            };
-            // Every share takes at least the policy minimum of every capacity (1Mi of memory,
-            // one of the split count), whatever the claim's status says.
-            let minimum = capacity.policy.as_ref().and_then(vgpu_scheduling::RequestPolicy::minimum).unwrap_or(Quantity::ZERO);
-            if amount < minimum || amount.is_negative() {
-                return Err(ClaimError::BelowMinimum {
-                    claim: label.clone(),
-                    device: dev.name.to_string(),
-                    capacity: name.clone(),
-                    value: amount.to_string(),
-                    minimum: minimum.to_string(),
-                });
-            }
-            consumption.insert(name.clone(), amount);
-        }
-        if let Some(extra) = r.consumed_capacity.as_ref().and_then(|c| c.keys().find(|k| !dev.capacity.contains_key(*k))) {
-            return Err(ClaimError::BadConsumption {
-                claim: label.clone(),
-                capacity: extra.clone(),
-                value: "unknown capacity".into(),
-            });
-        }
+        let consumption = consumption_of(r, dev, &label)?;
         let share_id = r
             .share_id
             .as_ref()
@@ -298,6 +256,60 @@ pub fn devices_of(
         out.push(ClaimDevice { request: r.request.clone(), device: dev.name.clone(), share_id, consumption });
     }
     Ok(out)
+}
+
+/// Refuses an allocation whose node selector names nodes, none of them this one.
+fn check_node_selector(selector: Option<&NodeSelector>, claim: &str, node: &str) -> Result<(), ClaimError> {
+    let Some(selector) = selector else { return Ok(()) };
+    let names: Vec<&str> = selector
+        .node_selector_terms
+        .iter()
+        .flat_map(|t| t.match_fields.iter().flatten().chain(t.match_expressions.iter().flatten()))
+        .filter(|r| r.key == "metadata.name" || r.key == "kubernetes.io/hostname")
+        .flat_map(|r| r.values.iter().flatten().map(String::as_str))
+        .collect();
+    if !names.is_empty() && !names.contains(&node) {
+        return Err(ClaimError::OtherNode { claim: claim.to_owned(), other: names.join(","), node: node.to_owned() });
+    }
+    Ok(())
+}
+
+/// What one allocation result takes of `dev`, each capacity at least its policy minimum.
+/// Without consumedCapacity (no consumable capacity on the scheduler side) the share is what an
+/// empty request consumes under the device's policies: the scheduler's default.
+fn consumption_of(r: &DeviceRequestAllocationResult, dev: &PublishedDevice, label: &str) -> Result<Consumption, ClaimError> {
+    let mut consumption = Consumption::new();
+    for (name, capacity) in &dev.capacity {
+        let amount = match r.consumed_capacity.as_ref().and_then(|c| c.get(name)) {
+            Some(q) => Quantity::parse(&q.0).map_err(|_| ClaimError::BadConsumption {
+                claim: label.to_owned(),
+                capacity: name.clone(),
+                value: q.0.clone(),
+            })?,
+            None => capacity.consumed_by(None).unwrap_or(capacity.value),
+        };
+        // Every share takes at least the policy minimum of every capacity (1Mi of memory,
+        // one of the split count), whatever the claim's status says.
+        let minimum = capacity.policy.as_ref().and_then(vgpu_scheduling::RequestPolicy::minimum).unwrap_or(Quantity::ZERO);
+        if amount < minimum || amount.is_negative() {
+            return Err(ClaimError::BelowMinimum {
+                claim: label.to_owned(),
+                device: dev.name.to_string(),
+                capacity: name.clone(),
+                value: amount.to_string(),
+                minimum: minimum.to_string(),
+            });
+        }
+        consumption.insert(name.clone(), amount);
+    }
+    if let Some(extra) = r.consumed_capacity.as_ref().and_then(|c| c.keys().find(|k| !dev.capacity.contains_key(*k))) {
+        return Err(ClaimError::BadConsumption {
+            claim: label.to_owned(),
+            capacity: extra.clone(),
+            value: "unknown capacity".into(),
+        });
+    }
+    Ok(consumption)
 }
 
 /// The HAMi-core settings of a claim's allocation that are not capacities (HAMi's task priority
@@ -352,152 +364,5 @@ pub fn allocated_here(claim: &ResourceClaim, driver: &str, node: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use vgpu_scheduling::{Inventory, SharingConfig, publish};
-
-    use super::*;
-    use crate::discovery::DeviceSource;
-    use crate::discovery::mock::{MockSource, parse_spec};
-
-    const UID: &str = "6f1c0a9e-1b2c-4d5e-8f90-0123456789ab";
-
-    fn claim(extra_status: &str, result: &str) -> ResourceClaim {
-        let yaml = format!(
-            "metadata: {{name: c, namespace: ns, uid: {UID}}}\nspec: {{}}\nstatus:\n{extra_status}  allocation:\n    devices:\n      results:\n      - {result}\n"
-        );
-        serde_saphyr::from_str(&yaml).unwrap()
-    }
-
-    fn published() -> Vec<PublishedDevice> {
-        let inv: Inventory = MockSource::new("n1", parse_spec("2xTesla T4:15Gi").unwrap()).inventory().unwrap();
-        publish(&inv, &SharingConfig::default())
-    }
-
-    fn check(c: &ResourceClaim) -> Result<Vec<ClaimDevice>, ClaimError> {
-        let want = ClaimRef::new("ns", "c", UID).unwrap();
-        devices_of(c, &want, &SharingConfig::default().driver_name, "n1", &published())
-    }
-
-    const OURS: &str = "{driver: hami-core-gpu.project-hami.io, pool: n1, device: hami-gpu-1, request: gpu, shareID: s-1, consumedCapacity: {memory: 4Gi, cores: \"50\", shares: \"1\"}}";
-
-    #[test]
-    fn takes_device_share_and_consumption() {
-        let devices = check(&claim("", OURS)).unwrap();
-        assert_eq!(devices.len(), 1);
-        assert_eq!(devices[0].device.as_str(), "hami-gpu-1");
-        assert_eq!(devices[0].share_id.as_ref().map(Uid::as_str), Some("s-1"));
-        assert_eq!(devices[0].consumption["memory"].to_string(), "4Gi");
-    }
-
-    #[test]
-    fn missing_consumed_capacity_means_what_an_empty_request_takes() {
-        let devices =
-            check(&claim("", "{driver: hami-core-gpu.project-hami.io, pool: n1, device: hami-gpu-0, request: gpu}")).unwrap();
-        let c = &devices[0].consumption;
-        assert_eq!(
-            (c["memory"].to_string(), c["cores"].to_string(), c["shares"].to_string()),
-            ("15Gi".into(), "100".into(), "1".into())
-        );
-    }
-
-    #[test]
-    fn each_refusal_names_its_cause() {
-        let other_uid = claim("", OURS);
-        let mut other_uid = other_uid;
-        other_uid.metadata.uid = Some("x".into());
-        assert!(check(&other_uid).unwrap_err().to_string().contains("has UID x"));
-        let two = claim("  reservedFor:\n  - {resource: pods, name: a, uid: a}\n  - {resource: pods, name: b, uid: b}\n", OURS);
-        assert!(matches!(check(&two), Err(ClaimError::SharedAcrossPods { count: 2, .. })));
-        let elsewhere = claim("", &OURS.replace("pool: n1", "pool: n2"));
-        assert_eq!(check(&elsewhere).unwrap_err().to_string(), "claim ns/c is allocated to n2, not to this node n1");
-        let foreign = claim("", &OURS.replace("hami-core-gpu.project-hami.io", "gpu.nvidia.com"));
-        assert!(matches!(check(&foreign), Err(ClaimError::NoDevices(_))));
-        let unknown = claim("", &OURS.replace("hami-gpu-1", "hami-gpu-9"));
-        assert!(check(&unknown).unwrap_err().to_string().contains("device hami-gpu-9 does not exist"));
-        let bad = claim("", &OURS.replace("4Gi", "lots"));
-        assert!(check(&bad).unwrap_err().to_string().contains("consumedCapacity memory"));
-        let mut unallocated = claim("", OURS);
-        unallocated.status = None;
-        assert_eq!(check(&unallocated).unwrap_err().to_string(), "claim ns/c is not allocated");
-    }
-
-    #[test]
-    fn every_share_takes_at_least_each_policy_minimum() {
-        for (capacity, zero) in [("memory", "0"), ("memory", "512Ki"), ("shares", "0"), ("memory", "-1Gi")] {
-            let result = OURS.replace(
-                &format!("{capacity}: {}", if capacity == "memory" { "4Gi" } else { "\"1\"" }),
-                &format!("{capacity}: \"{zero}\""),
-            );
-            assert_ne!(result, OURS, "{capacity}");
-            let err = check(&claim("", &result)).unwrap_err();
-            assert!(matches!(err, ClaimError::BelowMinimum { .. }), "{capacity}={zero}: {err}");
-            assert!(err.to_string().contains(&format!("consumedCapacity {capacity}")), "{err}");
-        }
-        // Zero cores is what the policy allows (no core limit), so it stands.
-        assert!(check(&claim("", &OURS.replace("cores: \"50\"", "cores: \"0\""))).is_ok());
-    }
-
-    #[test]
-    fn the_same_share_twice_is_refused_two_requests_on_one_card_are_two_shares() {
-        let no_share = "{driver: hami-core-gpu.project-hami.io, pool: n1, device: hami-gpu-0, request: gpu, consumedCapacity: {memory: 4Gi, cores: \"10\", shares: \"1\"}}";
-        let twice = claim("", &format!("{no_share}\n      - {no_share}"));
-        assert!(matches!(check(&twice), Err(ClaimError::DuplicateResult { .. })));
-        let two_requests = claim("", &format!("{no_share}\n      - {}", no_share.replace("request: gpu", "request: gpu2")));
-        let devices = check(&two_requests).unwrap();
-        let uid = Uid::new(UID).unwrap();
-        assert_ne!(devices[0].key(&uid), devices[1].key(&uid));
-    }
-
-    #[test]
-    fn hami_core_settings_come_from_the_drivers_opaque_config_claim_over_class() {
-        let config = |entries: &str| {
-            let yaml = format!(
-                "metadata: {{name: c, namespace: ns, uid: {UID}}}\nspec: {{}}\nstatus:\n  allocation:\n    devices:\n      results: []\n      config:\n{entries}"
-            );
-            let c: ResourceClaim = serde_saphyr::from_str(&yaml).unwrap();
-            claim_env(&c, &SharingConfig::default().driver_name, "ns/c")
-        };
-        let entry = |source: &str, driver: &str, params: &str| {
-            format!("      - source: {source}\n        opaque: {{driver: {driver}, parameters: {params}}}\n")
-        };
-        let ours = "hami-core-gpu.project-hami.io";
-        let params = |priority: i64, policy: &str| {
-            format!(
-                "{{apiVersion: hami-core-gpu.project-hami.io/v1alpha1, kind: HamiCoreConfig, taskPriority: {priority}, coreUtilizationPolicy: {policy}}}"
-            )
-        };
-        let env = config(&format!(
-            "{}{}",
-            entry("FromClaim", ours, &params(1, "force")),
-            entry("FromClass", ours, &params(0, "disable"))
-        ))
-        .unwrap();
-        assert_eq!(
-            env,
-            [("CUDA_TASK_PRIORITY".to_owned(), "1".to_owned()), ("GPU_CORE_UTILIZATION_POLICY".to_owned(), "force".to_owned())]
-        );
-        // Another driver's configuration is not ours to read; ours in an unknown shape is refused.
-        assert!(config(&entry("FromClaim", "gpu.nvidia.com", "{kind: Other}")).unwrap().is_empty());
-        let err = config(&entry("FromClaim", ours, "{apiVersion: x/v1, kind: Other}")).unwrap_err();
-        assert!(matches!(err, ClaimError::BadConfig { .. }), "{err}");
-    }
-
-    #[test]
-    fn claim_refs_are_validated() {
-        assert!(ClaimRef::new("ns", "c", UID).is_ok());
-        for (ns, name, uid) in [("ns", "c/status", UID), ("a/b", "c", UID), ("ns", "c", "../x"), ("ns", "", UID)] {
-            assert!(ClaimRef::new(ns, name, uid).is_err(), "{ns} {name} {uid}");
-        }
-    }
-
-    #[test]
-    fn only_claims_on_this_nodes_devices_are_ours() {
-        let driver = "hami-core-gpu.project-hami.io";
-        assert!(allocated_here(&claim("", OURS), driver, "n1"));
-        assert!(!allocated_here(&claim("", OURS), driver, "n2"));
-        assert!(!allocated_here(&claim("", &OURS.replace(driver, "gpu.nvidia.com")), driver, "n1"));
-        let mut unallocated = claim("", OURS);
-        unallocated.status = None;
-        assert!(!allocated_here(&unallocated, driver, "n1"));
-    }
-}
+#[path = "claim_tests.rs"]
+mod tests;

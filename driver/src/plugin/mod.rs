@@ -1,101 +1,43 @@
 //! The kubelet plugin: registration with the kubelet, the DRA services, claim preparation with
-//! CDI specs and a checkpoint. One file per concern: `source` (reading claims and pods),
-//! `node_pods` (this node's pods, and their claims read ahead),
-//! `claim` (is this claim ours, which shares), `containers` (how the pod's containers use it),
-//! `cdi` (the spec), `host` (host files containers read), `checkpoint` (persistence), `state`
-//! (the lock: prepare and unprepare), `recovery` (start-up and periodic checks), `service`
-//! (gRPC), `health`, `toolkit` (the NVIDIA toolkit's own specs).
+//! CDI specs and a checkpoint.
+//!
+//! Each folder is one kind of dependency, and imports only what lies below it:
+//! - `kubelet/`: the kubelet's wire (sockets, HTTP/2 shim, registration, DRA and health services);
+//! - `state/`: prepare, unprepare, start-up and periodic checks, under one lock;
+//! - `api/`: reads from the API server only (claims, this node's pods read ahead, events);
+//! - `storage/`: blocking disk work (checkpoint, host files, the toolkit's specs, trash);
+//! - pure rules with no I/O: `claim` (is it ours, which shares), `containers` (how the pod's
+//!   containers use it), `cdi` (the spec); and `error`, `failpoint`, `report`.
+//!
+//! A prepare, file by file:
+//! 1. `kubelet/uds.rs` accepts the kubelet's connection; `kubelet/service.rs` takes the batch and
+//!    calls [`state::State::prepare`] for each claim, timing it.
+//! 2. `state/prepare.rs`: a claim already prepared is answered from its record (its spec
+//!    rewritten if it went missing). Otherwise `state/staging.rs` starts making the record's and
+//!    spec's temp files on a blocking thread, while the claim is read through `api/source.rs`:
+//!    taken from what `api/node_pods.rs` read ahead when its pod was bound here, else a quorum
+//!    GET (`api/read.rs`).
+//! 3. `claim.rs` checks that the claim is allocated here and works out each share's limits;
+//!    `cdi.rs` builds the spec from them.
+//! 4. `containers.rs` checks how the pod's containers use the claim (the pod read through
+//!    `api/source.rs`) while `state/staging.rs` writes and fsyncs the record
+//!    (`storage/checkpoint.rs`) and the spec beside their names.
+//! 5. `state/prepare.rs` commits under the lock: the ledger admits the shares, the record and then
+//!    the spec are renamed into place, the claim's host directory made (`storage/host.rs`); a
+//!    `failpoint` sits between each step. The answer names the CDI devices, with the NVIDIA
+//!    toolkit's own (`storage/toolkit.rs`).
+//!
+//! An unprepare (`state/unprepare.rs`) drops the record, then the spec, and renames the claim's
+//! directory into the trash (`storage/trash.rs`), emptied in the background. `state/recovery.rs`
+//! rebuilds the ledger at start-up and runs the periodic checks.
 
+pub mod api;
 pub mod cdi;
-pub mod checkpoint;
 pub mod claim;
 pub mod containers;
-pub mod health;
-pub mod host;
-pub mod node_pods;
-pub mod recovery;
-pub mod service;
-pub mod source;
+pub mod error;
+pub mod failpoint;
+pub mod kubelet;
+pub mod report;
 pub mod state;
-pub mod toolkit;
-pub mod trash;
-
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-
-use anyhow::Context;
-use tokio_util::sync::CancellationToken;
-use vgpu_dra_proto::registration::registration_server::RegistrationServer;
-use vgpu_dra_proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1};
-
-use self::health::HealthService;
-use self::service::{DraService, Registrar};
-use self::state::State;
-
-/// The kubelet's directories and our sockets in them, computed once.
-#[derive(Debug, Clone)]
-pub struct Paths {
-    /// `<kubelet-dir>/plugins_registry/<driver>-reg.sock`.
-    pub registration_socket: PathBuf,
-    /// `<kubelet-dir>/plugins/<driver>/`: service socket and checkpoint.
-    pub plugin_dir: PathBuf,
-    /// `<plugin_dir>/dra.sock`.
-    pub dra_socket: PathBuf,
-    /// `<plugin_dir>/checkpoint/`: one record per prepared claim.
-    pub checkpoint: PathBuf,
-}
-
-impl Paths {
-    /// The paths for `driver` under `kubelet_dir`.
-    pub fn new(kubelet_dir: &Path, driver: &str) -> Self {
-        let plugin_dir = kubelet_dir.join("plugins").join(driver);
-        Self {
-            registration_socket: kubelet_dir.join("plugins_registry").join(format!("{driver}-reg.sock")),
-            dra_socket: plugin_dir.join("dra.sock"),
-            checkpoint: plugin_dir.join("checkpoint"),
-            plugin_dir,
-        }
-    }
-}
-
-/// Serves the DRA services and then the registration socket until `cancel`; removes the
-/// registration socket on the way out so the kubelet sees the plugin leave.
-///
-/// # Errors
-/// When a socket cannot be bound.
-pub async fn serve(
-    paths: &Paths,
-    driver: &str,
-    state: Arc<State>,
-    health: HealthService,
-    registered: Arc<AtomicBool>,
-    metrics: Option<Arc<crate::metrics::Metrics>>,
-    cancel: CancellationToken,
-) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    for dir in [paths.plugin_dir.as_path(), paths.registration_socket.parent().unwrap_or(Path::new("."))] {
-        tokio::fs::create_dir_all(dir).await.with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let dra = crate::uds::bind(&paths.dra_socket).with_context(|| format!("binding {}", paths.dra_socket.display()))?;
-    std::fs::set_permissions(&paths.dra_socket, std::fs::Permissions::from_mode(0o750))?;
-    let service = DraService { state, metrics };
-    let dra_server = tonic::transport::Server::builder()
-        .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(service.clone()))
-        .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(service))
-        .add_service(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(health.clone()))
-        .add_service(health_v1::dra_resource_health_server::DraResourceHealthServer::new(health))
-        .serve_with_incoming_shutdown(dra, cancel.clone().cancelled_owned());
-    // Register only once the service answers, so the kubelet's first call finds it.
-    let reg = crate::uds::bind(&paths.registration_socket)
-        .with_context(|| format!("binding {}", paths.registration_socket.display()))?;
-    std::fs::set_permissions(&paths.registration_socket, std::fs::Permissions::from_mode(0o750))?;
-    let registrar = Registrar { driver: driver.to_owned(), endpoint: paths.dra_socket.display().to_string(), registered };
-    let reg_server = tonic::transport::Server::builder()
-        .add_service(RegistrationServer::new(registrar))
-        .serve_with_incoming_shutdown(reg, cancel.clone().cancelled_owned());
-    tracing::info!(registration = %paths.registration_socket.display(), service = %paths.dra_socket.display(), "kubelet plugin sockets bound");
-    let result = tokio::try_join!(dra_server, reg_server);
-    let _ = std::fs::remove_file(&paths.registration_socket);
-    result.map(|_| ()).context("serving the kubelet plugin")
-}
+pub mod storage;

@@ -13,8 +13,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as KubeQuantity;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use sha2::{Digest, Sha256};
 
+use super::container::{CardRequest, MemoryRequest};
+use super::error::CompatError;
+use super::selectors::Selection;
 use super::selectors::cel_string;
-use super::{CardModel, CardRequest, ClassFacts, CompatError, CompatSettings, CorePolicy, MemoryRequest, Selection};
+use super::settings::{CardModel, ClassFacts, CompatSettings, CorePolicy};
 use crate::device::{CAPACITY_CORES, CAPACITY_MEMORY};
 
 /// The name of the request in converted claims (HAMi-DRA's name); `gpu-<i>` when a percentage
@@ -136,26 +139,20 @@ pub fn claim_spec(
     facts: &ClassFacts,
 ) -> Result<ResourceClaimTemplateSpec, CompatError> {
     let base_selectors = selection.selectors(&settings.driver);
-    let capacity = |memory: Option<u64>| {
-        let mut requests = BTreeMap::from([(CAPACITY_CORES.to_owned(), KubeQuantity(request.cores.to_string()))]);
-        if let Some(bytes) = memory {
-            // Plain bytes: the API server keeps `4294967296` as HAMi-DRA's claims show it.
-            requests.insert(CAPACITY_MEMORY.to_owned(), KubeQuantity(bytes.to_string()));
-        }
-        Some(CapacityRequirements { requests: Some(requests) })
-    };
-    let count = Some(i64::from(request.count));
     let device_requests = match request.memory {
         MemoryRequest::WholeCard | MemoryRequest::Bytes(_) => vec![DeviceRequest {
             name: REQUEST_NAME.into(),
             exactly: Some(ExactDeviceRequest {
                 allocation_mode: Some("ExactCount".into()),
-                count,
+                count: Some(i64::from(request.count)),
                 device_class_name: settings.device_class.clone(),
-                capacity: capacity(match request.memory {
-                    MemoryRequest::Bytes(b) => Some(b),
-                    _ => None,
-                }),
+                capacity: capacity(
+                    request.cores,
+                    match request.memory {
+                        MemoryRequest::Bytes(b) => Some(b),
+                        _ => None,
+                    },
+                ),
                 selectors: selectors(&base_selectors),
                 ..Default::default()
             }),
@@ -163,45 +160,7 @@ pub fn claim_spec(
         }],
         MemoryRequest::Percent(percent) => {
             let models = percent_models(container, settings, facts, selection)?;
-            let options = |count: u32| -> Vec<DeviceSubRequest> {
-                models
-                    .iter()
-                    .enumerate()
-                    .map(|(i, model)| {
-                        let mut sel = vec![model_selector(&settings.driver, model)];
-                        sel.extend(base_selectors.iter().cloned());
-                        let mib = (model.memory_bytes / MIB).saturating_mul(u64::from(percent)) / 100;
-                        DeviceSubRequest {
-                            name: subrequest_name(i, &model.product_name),
-                            allocation_mode: Some("ExactCount".into()),
-                            count: Some(i64::from(count)),
-                            device_class_name: settings.device_class.clone(),
-                            capacity: capacity(Some(mib.max(1).saturating_mul(MIB))),
-                            selectors: selectors(&sel),
-                            ..Default::default()
-                        }
-                    })
-                    .collect()
-            };
-            if request.count > 1 && models.len() > 1 {
-                // HAMi takes each card's share of that card's own memory, so N cards may be of
-                // different models: one request per card, each choosing its model, kept apart
-                // by the distinct constraint below. One request of N over a list of models would
-                // need all N of one model.
-                (0..request.count)
-                    .map(|i| DeviceRequest {
-                        name: format!("{REQUEST_NAME}-{i}"),
-                        first_available: Some(options(1)),
-                        ..Default::default()
-                    })
-                    .collect()
-            } else {
-                vec![DeviceRequest {
-                    name: REQUEST_NAME.into(),
-                    first_available: Some(options(request.count)),
-                    ..Default::default()
-                }]
-            }
+            percent_requests(request, percent, &models, &base_selectors, settings)
         }
     };
     let names: Vec<String> = device_requests.iter().map(|r| r.name.clone()).collect();
@@ -226,6 +185,62 @@ pub fn claim_spec(
         metadata: None,
         spec: ResourceClaimSpec { devices: Some(DeviceClaim { config, constraints, requests: Some(device_requests) }) },
     })
+}
+
+/// The capacity a card's share asks for: `cores`, and `memory` bytes when given (none: the
+/// device's policy default, the whole card).
+fn capacity(cores: u32, memory: Option<u64>) -> Option<CapacityRequirements> {
+    let mut requests = BTreeMap::from([(CAPACITY_CORES.to_owned(), KubeQuantity(cores.to_string()))]);
+    if let Some(bytes) = memory {
+        // Plain bytes: the API server keeps `4294967296` as HAMi-DRA's claims show it.
+        requests.insert(CAPACITY_MEMORY.to_owned(), KubeQuantity(bytes.to_string()));
+    }
+    Some(CapacityRequirements { requests: Some(requests) })
+}
+
+/// The requests for `percent` of each card's memory: a prioritized list over `models`, one
+/// subrequest per model with that model's share in bytes.
+fn percent_requests(
+    request: &CardRequest,
+    percent: u32,
+    models: &[CardModel],
+    base_selectors: &[String],
+    settings: &CompatSettings,
+) -> Vec<DeviceRequest> {
+    let options = |count: u32| -> Vec<DeviceSubRequest> {
+        models
+            .iter()
+            .enumerate()
+            .map(|(i, model)| {
+                let mut sel = vec![model_selector(&settings.driver, model)];
+                sel.extend(base_selectors.iter().cloned());
+                let mib = (model.memory_bytes / MIB).saturating_mul(u64::from(percent)) / 100;
+                DeviceSubRequest {
+                    name: subrequest_name(i, &model.product_name),
+                    allocation_mode: Some("ExactCount".into()),
+                    count: Some(i64::from(count)),
+                    device_class_name: settings.device_class.clone(),
+                    capacity: capacity(request.cores, Some(mib.max(1).saturating_mul(MIB))),
+                    selectors: selectors(&sel),
+                    ..Default::default()
+                }
+            })
+            .collect()
+    };
+    if request.count > 1 && models.len() > 1 {
+        // HAMi takes each card's share of that card's own memory, so N cards may be of different
+        // models: one request per card, each choosing its model, kept apart by the distinct
+        // constraint. One request of N over a list of models would need all N of one model.
+        (0..request.count)
+            .map(|i| DeviceRequest {
+                name: format!("{REQUEST_NAME}-{i}"),
+                first_available: Some(options(1)),
+                ..Default::default()
+            })
+            .collect()
+    } else {
+        vec![DeviceRequest { name: REQUEST_NAME.into(), first_available: Some(options(request.count)), ..Default::default() }]
+    }
 }
 
 /// `hami-vgpu-<16 hex>`: the first 64 bits of the SHA-256 of the spec's JSON. The JSON of a

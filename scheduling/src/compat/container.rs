@@ -3,7 +3,8 @@
 
 use k8s_openapi::api::core::v1::Container;
 
-use super::{ClassFacts, CompatError, CompatSettings};
+use super::error::CompatError;
+use super::settings::{ClassFacts, CompatSettings};
 use crate::Quantity;
 
 /// The most devices one claim can be allocated (`AllocationResultsMaxSize` in resource.k8s.io).
@@ -112,26 +113,7 @@ pub fn container_ask(
         });
     }
 
-    if memory.is_some() && percentage.is_some() {
-        return Err(CompatError::MemoryAndPercentage {
-            container: name.into(),
-            memory: settings.memory_resource.clone(),
-            percentage: settings.memory_percentage_resource.clone(),
-        });
-    }
-    let percent = percentage.as_ref().map(|v| whole(name, &settings.memory_percentage_resource, v, 100)).transpose()?;
-    let bytes = memory.as_ref().map(|v| memory_bytes(name, &settings.memory_resource, v, settings, facts)).transpose()?;
-    if percent == Some(0) || bytes == Some(0) {
-        let resource = if percent.is_some() { &settings.memory_percentage_resource } else { &settings.memory_resource };
-        warnings.push(format!("container {name:?}: {resource} 0 is taken as not set (as HAMi does): the default memory applies"));
-    }
-    let memory_request = match (bytes, percent) {
-        (Some(b), _) if b > 0 => MemoryRequest::Bytes(b),
-        (_, Some(p)) if (1..100).contains(&p) => MemoryRequest::Percent(u32::try_from(p).unwrap_or(100)),
-        (_, Some(100)) => MemoryRequest::WholeCard,
-        _ if settings.default_memory_mib > 0 => MemoryRequest::Bytes(settings.default_memory_mib.saturating_mul(MIB)),
-        _ => MemoryRequest::WholeCard,
-    };
+    let (memory_request, percent) = memory_of(name, memory.as_ref(), percentage.as_ref(), settings, facts, warnings)?;
 
     let cores = match &cores {
         Some(v) => whole(name, &settings.cores_resource, v, 100)?.unsigned_abs(),
@@ -146,6 +128,39 @@ pub fn container_ask(
         cores: u32::try_from(cores).unwrap_or(100),
         priority,
     }))
+}
+
+/// The memory a container's cards ask for, from its memory or percentage resource (at most one)
+/// or the default; with the percentage as given, which decides the default cores.
+fn memory_of(
+    name: &str,
+    memory: Option<&Value>,
+    percentage: Option<&Value>,
+    settings: &CompatSettings,
+    facts: &ClassFacts,
+    warnings: &mut Vec<String>,
+) -> Result<(MemoryRequest, Option<i64>), CompatError> {
+    if memory.is_some() && percentage.is_some() {
+        return Err(CompatError::MemoryAndPercentage {
+            container: name.into(),
+            memory: settings.memory_resource.clone(),
+            percentage: settings.memory_percentage_resource.clone(),
+        });
+    }
+    let percent = percentage.map(|v| whole(name, &settings.memory_percentage_resource, v, 100)).transpose()?;
+    let bytes = memory.map(|v| memory_bytes(name, &settings.memory_resource, v, settings, facts)).transpose()?;
+    if percent == Some(0) || bytes == Some(0) {
+        let resource = if percent.is_some() { &settings.memory_percentage_resource } else { &settings.memory_resource };
+        warnings.push(format!("container {name:?}: {resource} 0 is taken as not set (as HAMi does): the default memory applies"));
+    }
+    let memory_request = match (bytes, percent) {
+        (Some(b), _) if b > 0 => MemoryRequest::Bytes(b),
+        (_, Some(p)) if (1..100).contains(&p) => MemoryRequest::Percent(u32::try_from(p).unwrap_or(100)),
+        (_, Some(100)) => MemoryRequest::WholeCard,
+        _ if settings.default_memory_mib > 0 => MemoryRequest::Bytes(settings.default_memory_mib.saturating_mul(MIB)),
+        _ => MemoryRequest::WholeCard,
+    };
+    Ok((memory_request, percent))
 }
 
 /// Names of the container's limits and requests that this flavour converts or denies.

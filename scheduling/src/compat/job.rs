@@ -14,8 +14,9 @@ use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::Value;
 
+use super::error::CompatError;
 use super::pod::convert_pod_spec;
-use super::{ClassFacts, CompatError, CompatSettings};
+use super::settings::{ClassFacts, CompatSettings};
 
 /// A converted Volcano Job.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -11,13 +11,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use super::claim::{TEMPLATE_PREFIX, claim_spec, template_name};
 use super::container::own_resources;
+use super::container::{Ask, container_ask};
+use super::error::CompatError;
 use super::selectors::cel_list;
+use super::selectors::{Selection, annotation_warnings, cel_string};
+use super::settings::{ClassFacts, CompatSettings};
 use super::volcano::{Claimed, Kept, keep_requesting};
-use super::{
-    Ask, ClassFacts, CompatError, CompatSettings, Selection, TEMPLATE_PREFIX, annotation_warnings, cel_string, claim_spec,
-    container_ask, template_name,
-};
 
 /// Prefix of the pod's resource claim entries this conversion adds (`vgpu-<container>`).
 pub const CLAIM_ENTRY_PREFIX: &str = "vgpu-";

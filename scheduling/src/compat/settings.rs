@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceSlice};
 
-use super::VolcanoSettings;
+use super::volcano::VolcanoSettings;
 use crate::Quantity;
 use crate::config::DEFAULT_DRIVER_NAME;
 use crate::device::CAPACITY_MEMORY;

@@ -18,13 +18,15 @@ use cdi_spec::Durability;
 use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid};
 
-use super::cdi::ANNOTATION_CLAIM;
-use super::checkpoint::PreparedClaim;
-use super::claim::{ClaimRef, devices_of};
-use super::source::ClaimSource;
-use super::state::{Inner, Pending, State, StateOptions, Storage, blocking, capacities, chain, hold_whole};
-use super::toolkit::ToolkitIndex;
+use super::{Inner, Pending, State, StateOptions, Storage, capacities, hold_whole};
 use crate::discovery::DeviceSource;
+use crate::plugin::api::ClaimSource;
+use crate::plugin::cdi::ANNOTATION_CLAIM;
+use crate::plugin::claim::{ClaimRef, devices_of};
+use crate::plugin::error::chain;
+use crate::plugin::storage::blocking;
+use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::toolkit::ToolkitIndex;
 
 /// How long start-up waits for the first inventory before going on without one.
 const FIRST_INVENTORY_WAIT: Duration = Duration::from_secs(30);
@@ -111,7 +113,7 @@ impl State {
 
     /// Specs without a record: re-adopted through the API when the record may have been lost,
     /// else orphans of an interrupted unprepare (removed).
-    async fn sweep_specs(&self, loaded: &super::checkpoint::Loaded, published: &[PublishedDevice]) {
+    async fn sweep_specs(&self, loaded: &crate::plugin::storage::checkpoint::Loaded, published: &[PublishedDevice]) {
         let scan = {
             let _held = self.inner.lock().await;
             if let Err(e) = blocking(|| self.storage.specs.remove_stale_temps()) {
@@ -264,7 +266,7 @@ impl State {
                 "prepared claims on node {} take more {over} than the card has now (its configuration shrank); the card admits no new claim until enough is released",
                 self.node
             );
-            self.claims.warn(&claim, &self.node, super::source::ClaimEvent::OverCapacity, note).await;
+            self.claims.warn(&claim, &self.node, crate::plugin::api::ClaimEvent::OverCapacity, note).await;
         }
     }
 

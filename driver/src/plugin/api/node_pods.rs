@@ -40,22 +40,23 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{
-    Container, Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus, ResourceRequirements,
-};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
-use kube::api::GetParams;
 use kube::runtime::watcher;
 use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
-use super::claim::{ClaimRef, allocated_here, consumer};
-use super::source::{SourceError, get};
+use super::read::{Cached, SourceError, get_current};
+use super::slim;
 use crate::backoff::Backoff;
-use crate::metrics::{Metrics, labels};
+use crate::plugin::claim::{ClaimRef, allocated_here, consumer};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{Labels, WatchRestarts, labels};
 
 /// Claims read ahead at once: a relist of a busy node asks for its pods' claims in a burst, and
 /// the API server should not get them all in the same millisecond.
@@ -66,6 +67,32 @@ const CONCURRENT_READS: usize = 4;
 /// again instead.
 pub const MAX_READ_AHEAD_AGE: Duration = Duration::from_secs(60);
 
+/// The read ahead as the metrics count it.
+#[derive(Clone)]
+pub struct ReadAheadMetrics {
+    /// Events of this node's pod watch.
+    pub(crate) pod_events: Counter,
+    /// Restarts of that watch.
+    restarts: Counter,
+    /// Claims read ahead, by result (`used` by a prepare, `missed`: a prepare read the API,
+    /// `not_ours`: read and dropped).
+    pub(crate) prefetch: Family<Labels, Counter>,
+}
+
+impl ReadAheadMetrics {
+    /// Registers the families; the watch's restarts go to `restarts`.
+    pub fn register(registry: &mut Registry, restarts: &WatchRestarts) -> Self {
+        let m = Self { pod_events: Counter::default(), restarts: restarts.of("pods"), prefetch: Family::default() };
+        registry.register("vgpu_dra_pod_events", "Events of the watch of this node's pods", m.pod_events.clone());
+        registry.register(
+            "vgpu_dra_claim_prefetch",
+            "Claims read ahead for this node's pods: used by a prepare, missed (the prepare read the API), or not ours",
+            m.prefetch.clone(),
+        );
+        m
+    }
+}
+
 /// The pods bound to this node that name claims, and the claims of those pods read ahead.
 #[derive(Clone)]
 pub struct NodePods(Arc<Shared>);
@@ -75,13 +102,13 @@ struct Shared {
     driver: String,
     node: String,
     store: Mutex<Store>,
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<ReadAheadMetrics>,
 }
 
 /// What the watch and the reads ahead have found.
 #[derive(Default)]
 struct Store {
-    /// Pods by UID, as [`slim`] keeps them, with the claims already asked for.
+    /// Pods by UID, as [`slim::pod`] keeps them, with the claims already asked for.
     pods: HashMap<String, PodEntry>,
     /// While the watch relists: the pods listed so far, which replace `pods` when it is done.
     relisting: Option<HashMap<String, PodEntry>>,
@@ -128,14 +155,14 @@ impl Read {
 
 impl NodePods {
     /// An empty store for the claims of `driver` on `node`.
-    pub fn new(driver: impl Into<String>, node: impl Into<String>, metrics: Option<Arc<Metrics>>) -> Self {
+    pub fn new(driver: impl Into<String>, node: impl Into<String>, metrics: Option<ReadAheadMetrics>) -> Self {
         Self(Arc::new(Shared { driver: driver.into(), node: node.into(), store: Mutex::default(), metrics }))
     }
 
     fn lock(&self) -> MutexGuard<'_, Store> {
         // Every update is a few inserts and removes of whole entries: a panic cannot leave one
         // half-written.
-        self.0.store.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        vgpu_dra_runtime::sync::lock(&self.0.store)
     }
 
     /// How many pods and claims read ahead it holds.
@@ -209,7 +236,7 @@ impl NodePods {
 
     fn count<T>(&self, result: &str, value: Option<T>) -> Option<T> {
         if let Some(m) = &self.0.metrics {
-            m.claim_prefetch.get_or_create(&labels(&[("result", result)])).inc();
+            m.prefetch.get_or_create(&labels(&[("result", result)])).inc();
         }
         value
     }
@@ -257,7 +284,7 @@ impl NodePods {
         let keep = found.filter(|c| self.reserved_here_for(c, &read.pod) && store.has_pod(&read.pod));
         let kept = keep.and_then(|claim| {
             let uid = claim.metadata.uid.clone()?;
-            let json = serde_json::to_vec(&slim_claim(claim)).ok()?.into();
+            let json = serde_json::to_vec(&slim::claim(&claim, slim::Keep::ForPrepare)).ok()?.into();
             Some(Slot::Ready { uid, pod: read.pod.clone(), read: tokio::time::Instant::now(), json })
         });
         match kept {
@@ -316,7 +343,7 @@ impl NodePods {
             };
             self.invalidate();
             if let Some(m) = &self.0.metrics {
-                m.watch_restarts.get_or_create(&labels(&[("resource", "pods")])).inc();
+                m.restarts.inc();
             }
             let pause = backoff.next_pause();
             tracing::warn!(node = %self.0.node, error = %failure, retry_in = ?pause, "pod watch failed; claims read ahead are dropped and the node's pods listed anew");
@@ -371,22 +398,18 @@ impl NodePods {
             return Ok(None);
         };
         let api: Api<ResourceClaim> = Api::namespaced(client, namespace.as_str());
-        let what = || format!("ResourceClaim {namespace}/{name}");
-        let started = tokio::time::Instant::now();
-        let seen = get(&api, &name, &GetParams::any(), timeout, what).await?;
-        match &seen {
-            Some(c) if self.reserved_here_for(c, &read.pod) => {
-                return Ok(seen);
-            }
-            Some(c)
-                if c.status.as_ref().is_some_and(|s| s.allocation.is_some())
-                    && !allocated_here(c, &self.0.driver, &self.0.node) =>
+        let judge = |c: &ResourceClaim| {
+            if self.reserved_here_for(c, &read.pod) {
+                Cached::Current
+            } else if c.status.as_ref().is_some_and(|s| s.allocation.is_some())
+                && !allocated_here(c, &self.0.driver, &self.0.node)
             {
-                return Ok(None);
+                Cached::NotOurs
+            } else {
+                Cached::Unsure
             }
-            _ => {}
-        }
-        get(&api, &name, &GetParams::default(), timeout.saturating_sub(started.elapsed()), what).await
+        };
+        get_current(&api, &name, timeout, || format!("ResourceClaim {namespace}/{name}"), judge).await
     }
 }
 
@@ -419,7 +442,7 @@ fn admit(
             }
         }
     }
-    let Ok(json) = serde_json::to_vec(&slim(&pod)) else { return Vec::new() };
+    let Ok(json) = serde_json::to_vec(&slim::pod(&pod)) else { return Vec::new() };
     let name = pod.metadata.name.clone().unwrap_or_default();
     into.insert(uid, PodEntry { namespace, name, json: json.into(), asked });
     reads
@@ -464,66 +487,6 @@ fn claim_names(pod: &Pod) -> Vec<String> {
     names
 }
 
-/// What a prepare reads of a claim: its identity, its requests and configuration, its allocation
-/// and whom it is reserved for. Field managers, labels and the devices' status are not kept.
-fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
-    let status = claim.status.map(|s| ResourceClaimStatus {
-        allocation: s.allocation,
-        reserved_for: s.reserved_for,
-        ..Default::default()
-    });
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: claim.metadata.name,
-            namespace: claim.metadata.namespace,
-            uid: claim.metadata.uid,
-            ..Default::default()
-        },
-        spec: claim.spec,
-        status,
-    }
-}
-
-/// What the container check reads of a pod: its identity, its claims and which containers use
-/// them. Images, environments and the rest are not kept.
-fn slim(pod: &Pod) -> Pod {
-    let containers = |list: Option<&Vec<Container>>| -> Vec<Container> {
-        list.into_iter()
-            .flatten()
-            .map(|c| Container {
-                name: c.name.clone(),
-                resources: c
-                    .resources
-                    .as_ref()
-                    .and_then(|r| r.claims.clone())
-                    .map(|claims| ResourceRequirements { claims: Some(claims), ..Default::default() }),
-                ..Default::default()
-            })
-            .collect()
-    };
-    let spec = pod.spec.as_ref();
-    Pod {
-        metadata: ObjectMeta {
-            name: pod.metadata.name.clone(),
-            namespace: pod.metadata.namespace.clone(),
-            uid: pod.metadata.uid.clone(),
-            ..Default::default()
-        },
-        spec: spec.map(|s| PodSpec {
-            containers: containers(Some(&s.containers)),
-            init_containers: s.init_containers.as_ref().map(|c| containers(Some(c))),
-            resource_claims: s.resource_claims.as_ref().map(|c| c.iter().map(PodResourceClaim::clone).collect()),
-            ..Default::default()
-        }),
-        status: pod.status.as_ref().map(|s| PodStatus {
-            resource_claim_statuses: s
-                .resource_claim_statuses
-                .as_ref()
-                .map(|c| c.iter().map(PodResourceClaimStatus::clone).collect()),
-            ..Default::default()
-        }),
-    }
-}
-
 #[cfg(test)]
+#[path = "node_pods_tests.rs"]
 mod tests;

@@ -13,9 +13,9 @@ use vgpu_scheduling::{Ratio, SharingConfig, Uid};
 
 use super::*;
 use crate::discovery::mock::{MockSource, parse_spec};
+use crate::plugin::api::ClaimSource;
 use crate::plugin::cdi::CdiOptions;
-use crate::plugin::checkpoint::Checkpoint;
-use crate::plugin::source::ClaimSource;
+use crate::plugin::storage::checkpoint::Checkpoint;
 
 const DRIVER: &str = "hami-core-gpu.project-hami.io";
 
@@ -448,7 +448,7 @@ fn lagging_api(cached: ResourceClaim, current: Option<ResourceClaim>) -> (ClaimS
         }
     });
     let client = kube::Client::new(service, "default");
-    let source = ClaimSource::api(client).with_cache(crate::plugin::source::ClaimCache::new(DRIVER, "n1"));
+    let source = ClaimSource::api(client).with_cache(crate::plugin::api::ClaimCache::new(DRIVER, "n1"));
     (source, reads)
 }
 
@@ -514,7 +514,7 @@ async fn an_unprepare_moves_a_hostile_claim_directory_away_without_reading_it() 
 
     state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
     assert!(!dir.exists(), "the claim's directory is gone when the unprepare answers");
-    let trash = node.cdi().claims_root.join(crate::plugin::trash::TRASH_DIR);
+    let trash = node.cdi().claims_root.join(crate::plugin::storage::trash::TRASH_DIR);
     for _ in 0..600 {
         if std::fs::read_dir(&trash).unwrap().next().is_none() {
             break;

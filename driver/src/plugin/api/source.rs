@@ -24,36 +24,15 @@ use kube::Api;
 use kube::api::GetParams;
 use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
-use super::claim::{ClaimRef, allocated_here};
 use super::node_pods::NodePods;
+use super::read::{Cached, SourceError, get, get_current};
+use super::slim;
+use crate::plugin::claim::{ClaimRef, allocated_here};
 
 /// How long one API read may take. Well under the kubelet's 45 s, and short enough that a batch
 /// mixing prepared claims (answered from the checkpoint) with one that needs the API is answered
 /// within 5 s even when the API server hangs.
 pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// A failed read; the claim's prepare fails with it and the kubelet retries. Never a reason to
-/// delete state: only a definite "not found" is.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// The API server did not answer in time.
-    #[error("reading {what}: no answer from the API server within {after:?}")]
-    Timeout {
-        /// The object.
-        what: String,
-        /// The deadline.
-        after: Duration,
-    },
-    /// The API server answered with an error.
-    #[error("reading {what}")]
-    Api {
-        /// The object.
-        what: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-}
 
 /// This node's claims as last read from the API: only claims allocated here, each kept as its
 /// identity and reservations with the time it was read. Entries leave when the claim is unprepared
@@ -86,7 +65,7 @@ impl ClaimCache {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         // A panic elsewhere cannot leave the map half-written: every update is one insert or remove.
-        self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        vgpu_dra_runtime::sync::lock(&self.entries)
     }
 
     /// Whether `found` is the claim asked for and allocated to this node.
@@ -98,31 +77,12 @@ impl ClaimCache {
     fn update(&self, claim: &ClaimRef, found: Option<&ResourceClaim>) {
         match found {
             Some(c) if self.current(claim, c) => {
-                self.lock().insert(claim.uid.clone(), (Arc::new(slim(c)), Instant::now()));
+                self.lock().insert(claim.uid.clone(), (Arc::new(slim::claim(c, slim::Keep::Reservations)), Instant::now()));
             }
             _ => {
                 self.lock().remove(&claim.uid);
             }
         }
-    }
-}
-
-/// What the cache keeps of a claim: its identity and whom it is reserved for (the metrics name
-/// the pod). The allocation is not kept: a prepare always reads the claim anew.
-fn slim(claim: &ResourceClaim) -> ResourceClaim {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: claim.metadata.name.clone(),
-            namespace: claim.metadata.namespace.clone(),
-            uid: claim.metadata.uid.clone(),
-            ..Default::default()
-        },
-        spec: Default::default(),
-        status: claim.status.as_ref().map(|s| k8s_openapi::api::resource::v1::ResourceClaimStatus {
-            reserved_for: s.reserved_for.clone(),
-            ..Default::default()
-        }),
     }
 }
 
@@ -275,13 +235,8 @@ impl ClaimSource {
                     return Ok(Some(pod));
                 }
                 let api: Api<Pod> = Api::namespaced(client.clone(), namespace.as_str());
-                let what = || format!("Pod {namespace}/{name}");
-                let started = Instant::now();
-                let seen = get(&api, name, &GetParams::any(), *timeout, what).await?;
-                if let Some(pod) = seen.filter(|p| p.metadata.uid.as_deref() == Some(uid)) {
-                    return Ok(Some(pod));
-                }
-                get(&api, name, &GetParams::default(), timeout.saturating_sub(started.elapsed()), what).await
+                let cached = |p: &Pod| if p.metadata.uid.as_deref() == Some(uid) { Cached::Current } else { Cached::Unsure };
+                get_current(&api, name, *timeout, || format!("Pod {namespace}/{name}"), cached).await
             }
             Self::Fixed { pods, .. } => Ok(named(pods, namespace, name).cloned()),
         }
@@ -334,26 +289,6 @@ impl ClaimSource {
 fn named<'a, K: kube::Resource>(list: &'a [K], namespace: &Namespace, name: &ObjectName) -> Option<&'a K> {
     list.iter()
         .find(|o| o.meta().namespace.as_deref() == Some(namespace.as_str()) && o.meta().name.as_deref() == Some(name.as_str()))
-}
-
-/// One GET of `name` with `params`, within `after`; `None` when the API says it does not exist.
-pub(super) async fn get<K>(
-    api: &Api<K>,
-    name: &ObjectName,
-    params: &GetParams,
-    after: Duration,
-    what: impl Fn() -> String,
-) -> Result<Option<K>, SourceError>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    // The name is a validated DNS subdomain: it cannot add a path segment or a query to the URL.
-    match tokio::time::timeout(after, api.get_with(name.as_str(), params)).await {
-        Ok(Ok(found)) => Ok(Some(found)),
-        Ok(Err(kube::Error::Api(status))) if status.is_not_found() => Ok(None),
-        Ok(Err(source)) => Err(SourceError::Api { what: what(), source }),
-        Err(_) => Err(SourceError::Timeout { what: what(), after }),
-    }
 }
 
 #[cfg(test)]

@@ -1,88 +1,11 @@
 //! HAMi's `nvidia:` section: the resource names and defaults a webhook converts with, the
 //! sharing settings, MIG geometries, and the keys that have no meaning in vgpu-dra.
 
-use crate::device_config::{ConfigForm, DeviceConfig, IgnoredKey, Setting, Sharing};
+use super::model::{
+    ConfigForm, DeviceConfig, HamiRequestSettings, IgnoredKey, MigGeometry, MigGeometryGroup, MigModels, Setting, Sharing,
+    UNKNOWN_WHY,
+};
 use crate::yaml_tree::{Bad, Node, Value};
-
-/// Why a key vgpu-dra does not know is ignored.
-pub(crate) const UNKNOWN_WHY: &str = "not a key vgpu-dra knows";
-
-/// HAMi's resource names and request defaults, as a webhook converting HAMi pods needs them.
-///
-/// [`Default`] holds HAMi's defaults; a file's `nvidia:` section replaces what it sets. Field
-/// names follow the admission conversion's settings (`compat`), which are filled from these.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HamiRequestSettings {
-    /// `resourceCountName`: how many cards a container asks for (`nvidia.com/gpu`).
-    pub count_resource: String,
-    /// `resourceMemoryName`: memory per card, in units of `memory_factor` MiB (`nvidia.com/gpumem`).
-    pub memory_resource: String,
-    /// `resourceMemoryPercentageName`: memory per card in percent (`nvidia.com/gpumem-percentage`).
-    pub memory_percentage_resource: String,
-    /// `resourceCoreName`: percent of a card's compute (`nvidia.com/gpucores`).
-    pub cores_resource: String,
-    /// `resourcePriorityName`: HAMi-core's task priority (`nvidia.com/priority`); `None` in
-    /// Volcano's form unless the file names one, since volcano-vgpu has no priority resource.
-    pub priority_resource: Option<String>,
-    /// `defaultMemory`: MiB per card when a pod gives no memory; 0 means the whole card.
-    pub default_memory_mib: u64,
-    /// `defaultCores`: percent of compute when a pod gives none (0-100).
-    pub default_cores: u32,
-    /// `defaultGPUNum`: cards when a pod gives memory or cores but no count; 0 adds no count.
-    pub default_gpu_num: u32,
-    /// `gpuMemoryFactor` (HAMi's newer name `memoryFactor`): MiB per unit of the memory resource.
-    pub memory_factor: u64,
-    /// `gpuCorePolicy`: `default`, `force` or `disable`, as HAMi-core reads it; `None` if unset.
-    pub core_policy: Option<String>,
-}
-
-impl Default for HamiRequestSettings {
-    fn default() -> Self {
-        Self {
-            count_resource: "nvidia.com/gpu".into(),
-            memory_resource: "nvidia.com/gpumem".into(),
-            memory_percentage_resource: "nvidia.com/gpumem-percentage".into(),
-            cores_resource: "nvidia.com/gpucores".into(),
-            priority_resource: Some("nvidia.com/priority".into()),
-            default_memory_mib: 0,
-            default_cores: 0,
-            default_gpu_num: 1,
-            memory_factor: 1,
-            core_policy: None,
-        }
-    }
-}
-
-/// MIG layouts HAMi or Volcano may cut for some card models.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigModels {
-    /// Model names, matched as a part of a card's product name.
-    pub models: Vec<String>,
-    /// `knownMigGeometries`: the whole-card layouts allowed.
-    pub groups: Vec<MigGeometryGroup>,
-    /// `migProfileAllowlist`: the profiles allowed, without layouts.
-    pub profiles: Vec<String>,
-}
-
-/// One allowed layout of a card: instances that fit on it together.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigGeometryGroup {
-    /// The group's name (Volcano's `group`; `geometry-N` for HAMi's unnamed lists).
-    pub group: String,
-    /// The instances of the layout.
-    pub geometries: Vec<MigGeometry>,
-}
-
-/// A MIG profile and how many instances of it a layout holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MigGeometry {
-    /// The profile, such as `1g.10gb`.
-    pub name: String,
-    /// Memory of one instance in MiB.
-    pub memory_mib: u64,
-    /// Instances of this profile in the layout.
-    pub count: u32,
-}
 
 /// `nvidia:` keys that are read without effect, and why.
 const IGNORED: [(&str, &str); 10] = [

@@ -1,8 +1,8 @@
 use super::*;
-use crate::{Gpu, Health};
+use crate::{Gpu, Health, Inventory};
 
-const VOLCANO: &str = include_str!("../testdata/volcano-device-config.yaml");
-const HAMI: &str = include_str!("../testdata/hami-device-config.yaml");
+const VOLCANO: &str = include_str!("../../testdata/volcano-device-config.yaml");
+const HAMI: &str = include_str!("../../testdata/hami-device-config.yaml");
 
 fn parse(text: &str) -> Result<DeviceConfig, DeviceConfigError> {
     DeviceConfig::parse("device-config.yaml", text)

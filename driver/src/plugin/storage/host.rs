@@ -8,7 +8,7 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use super::cdi::CdiOptions;
+use crate::plugin::cdi::CdiOptions;
 
 /// `ld.so.preload`: read by the dynamic loader of every process in the container, as its user.
 pub const PRELOAD_MODE: u32 = 0o644;

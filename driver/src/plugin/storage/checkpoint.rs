@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use vgpu_scheduling::Uid;
 
-use super::claim::{ClaimDevice, ClaimRef};
+use crate::plugin::claim::{ClaimDevice, ClaimRef};
 
 /// The record format version this driver writes.
 pub const VERSION: u32 = 2;

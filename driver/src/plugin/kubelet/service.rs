@@ -1,5 +1,5 @@
 //! The kubelet-facing gRPC services: registration, DRA v1 and v1beta1. Translation only; the
-//! work is in [`super::state`]. Every claim of a batch gets its own answer.
+//! work is in [`crate::plugin::state`]. Every claim of a batch gets its own answer.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,9 +12,14 @@ use vgpu_dra_proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, 
 use vgpu_dra_proto::{dra_v1, dra_v1beta1, service_names};
 use vgpu_scheduling::Uid;
 
-use super::claim::ClaimRef;
-use super::state::{PreparedDevice, State};
-use crate::metrics::Metrics;
+use crate::plugin::claim::ClaimRef;
+use crate::plugin::state::{PreparedDevice, State};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{Labels, histogram, labels};
 
 /// Answers the kubelet's plugin watcher.
 pub struct Registrar {
@@ -57,6 +62,54 @@ impl Registration for Registrar {
     }
 }
 
+/// The kubelet's calls as the metrics count them.
+#[derive(Clone)]
+pub struct CallMetrics {
+    /// Prepare latency by result (`ok`, `error`).
+    pub(crate) prepare_seconds: Family<Labels, Histogram>,
+    /// Unprepare latency by result.
+    pub(crate) unprepare_seconds: Family<Labels, Histogram>,
+    /// Prepare failures by reason.
+    pub(crate) prepare_errors: Family<Labels, Counter>,
+}
+
+impl CallMetrics {
+    /// Registers the families.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            prepare_seconds: Family::new_with_constructor(histogram),
+            unprepare_seconds: Family::new_with_constructor(histogram),
+            prepare_errors: Family::default(),
+        };
+        registry.register(
+            "vgpu_dra_prepare_duration_seconds",
+            "NodePrepareResources latency per claim",
+            m.prepare_seconds.clone(),
+        );
+        registry.register(
+            "vgpu_dra_unprepare_duration_seconds",
+            "NodeUnprepareResources latency per claim",
+            m.unprepare_seconds.clone(),
+        );
+        registry.register("vgpu_dra_prepare_errors", "Claims whose prepare failed, by reason", m.prepare_errors.clone());
+        m
+    }
+
+    /// One prepare: its latency, and its reason when it failed.
+    pub fn prepared(&self, took: f64, failed: Option<&str>) {
+        let result = if failed.is_none() { "ok" } else { "error" };
+        self.prepare_seconds.get_or_create(&labels(&[("result", result)])).observe(took);
+        if let Some(reason) = failed {
+            self.prepare_errors.get_or_create(&labels(&[("reason", reason)])).inc();
+        }
+    }
+
+    /// One unprepare's latency.
+    pub fn unprepared(&self, took: f64, ok: bool) {
+        self.unprepare_seconds.get_or_create(&labels(&[("result", if ok { "ok" } else { "error" })])).observe(took);
+    }
+}
+
 /// The DRA service over [`State`]; it records latencies and errors, the state knows nothing of
 /// metrics.
 #[derive(Clone)]
@@ -64,7 +117,7 @@ pub struct DraService {
     /// Shared state.
     pub state: Arc<State>,
     /// Where prepare and unprepare figures go.
-    pub metrics: Option<Arc<Metrics>>,
+    pub metrics: Option<CallMetrics>,
 }
 
 type Answers = HashMap<String, Result<Vec<PreparedDevice>, String>>;
@@ -83,11 +136,7 @@ impl DraService {
                 };
                 let took = started.elapsed().as_secs_f64();
                 if let Some(m) = &metrics {
-                    let label = if result.is_ok() { "ok" } else { "error" };
-                    m.prepare_seconds.get_or_create(&vec![("result".to_owned(), label.to_owned())]).observe(took);
-                    if let Err((reason, _)) = &result {
-                        m.prepare_errors.get_or_create(&vec![("reason".to_owned(), (*reason).to_owned())]).inc();
-                    }
+                    m.prepared(took, result.as_ref().err().map(|(reason, _)| *reason));
                 }
                 let result = result.map_err(|(_, e)| e);
                 let took_ms = took * 1000.0;
@@ -123,10 +172,7 @@ impl DraService {
                 Err(_) => String::new(),
             };
             if let Some(m) = &self.metrics {
-                let label = if error.is_empty() { "ok" } else { "error" };
-                m.unprepare_seconds
-                    .get_or_create(&vec![("result".to_owned(), label.to_owned())])
-                    .observe(started.elapsed().as_secs_f64());
+                m.unprepared(started.elapsed().as_secs_f64(), error.is_empty());
             }
             out.insert(uid, error);
         }

@@ -1,0 +1,246 @@
+//! Prepare and unprepare under one lock: the ledger, the checkpoint and the CDI spec files move
+//! together. Order of writes makes a crash at any point safe:
+//! prepare makes the checkpoint entry visible before the spec (a spec never exists without its
+//! entry), unprepare drops the entry before the spec (a left-over spec is an orphan, removed at
+//! start).
+//!
+//! Nothing slow happens under the lock: claims and pods are read from the [`ClaimSource`] before
+//! it is taken, the inventory is a snapshot, the NVIDIA toolkit's specs are scanned while the
+//! claim is read, and the entry (fsynced) and the spec are written beside their names while the
+//! pod is read; under the lock they are only renamed into place. The spec is not fsynced: start-up
+//! rebuilds any spec a power loss took from its entry. Start-up and the periodic checks live in
+//! [`recovery`].
+
+mod prepare;
+mod recovery;
+mod staging;
+mod unprepare;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cdi_spec::SpecDir;
+use tokio::sync::Mutex;
+use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
+
+use super::api::ClaimSource;
+use super::cdi::{CdiOptions, claim_dir};
+use super::claim::{ClaimRef, consumer};
+use super::error::chain;
+use super::storage::blocking;
+use super::storage::checkpoint::{Checkpoint, PreparedClaim};
+use super::storage::host::{CLAIM_DIR_MODE, ensure_dir};
+use super::storage::spares::Spares;
+use super::storage::toolkit::ToolkitIndex;
+use crate::discovery::DeviceSource;
+
+pub use super::error::PrepareError;
+pub use super::failpoint::FailPoint;
+pub use super::report::{ShareUsage, StateSnapshot};
+
+/// One device of a prepare answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDevice {
+    /// The claim's request.
+    pub request: String,
+    /// The pool (node name).
+    pub pool: String,
+    /// The device.
+    pub device: String,
+    /// CDI IDs for the runtime.
+    pub cdi_ids: Vec<String>,
+    /// Share ID.
+    pub share_id: Option<String>,
+    /// What the share consumes, for the log line: `memory=4Gi,cores=50,shares=1`.
+    pub consumed: String,
+}
+
+/// Where the state keeps what it writes: the checkpoint, the CDI specs and the host side.
+#[derive(Debug, Clone)]
+pub struct Storage {
+    /// The checkpoint directory.
+    pub checkpoint: Checkpoint,
+    /// What goes into specs and where HAMi-core's host files live.
+    pub cdi: CdiOptions,
+    /// The CDI spec directory.
+    pub specs: SpecDir,
+}
+
+/// Settings of the state beyond its parts.
+#[derive(Debug, Clone)]
+pub struct StateOptions {
+    /// Create the claims' host directories (off for `prepare-preview`, which touches nothing).
+    pub host_dirs: bool,
+    /// How long a prepared claim must be gone from the API before its share is released.
+    pub deleted_claim_grace: Duration,
+    /// Temp files for this many claims' records and specs made ahead, between prepares: a new
+    /// file can take a millisecond on a disk with many recent deletes (ext4 without a journal),
+    /// and a prepare whose claim was read ahead has no API read to make them beside. 0: each
+    /// prepare makes its own while it reads its claim.
+    pub spare_files: usize,
+}
+
+impl Default for StateOptions {
+    fn default() -> Self {
+        Self { host_dirs: true, deleted_claim_grace: Duration::from_secs(300), spare_files: 0 }
+    }
+}
+
+/// The plugin's state.
+pub struct State {
+    inner: Mutex<Inner>,
+    claims: ClaimSource,
+    source: Arc<dyn DeviceSource>,
+    config: SharingConfig,
+    node: String,
+    fail_at: Option<FailPoint>,
+    toolkit: Arc<ToolkitIndex>,
+    options: StateOptions,
+    /// Where files go. Fixed paths, so read without the lock (to stage files and scan the
+    /// toolkit's specs); what is visible there changes only while the lock is held.
+    storage: Storage,
+    /// Temp files made ahead ([`StateOptions::spare_files`]); invisible to the kubelet and the
+    /// runtime, removed when dropped, and by start-up after a crash.
+    spares: Arc<std::sync::Mutex<Spares>>,
+    /// Whether a blocking thread is emptying the claim directories' trash now.
+    emptying: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A claim whose spec was found at start without a record while the API could not say whether
+/// it still stands: its cards are held whole until it is adopted or known gone.
+#[derive(Debug, Clone)]
+struct Pending {
+    /// The claim, from the spec's annotation.
+    pub claim: ClaimRef,
+    /// The cards its spec names.
+    pub devices: Vec<DeviceName>,
+}
+
+struct Inner {
+    pub ledger: Ledger,
+    pub prepared: BTreeMap<Uid, PreparedClaim>,
+    pub pending: BTreeMap<Uid, Pending>,
+    /// Prepared claims the API says are gone, since when.
+    pub gone: BTreeMap<Uid, Instant>,
+    pub overcommitted: Vec<(DeviceName, String)>,
+}
+
+impl Storage {
+    /// Makes a prepared claim's spec on disk equal to its record, and its directory exist: the
+    /// spec is rewritten when missing, unreadable or changed (whatever sits under its name makes
+    /// way). `None` when it was right; after a rewrite, what was wrong.
+    ///
+    /// Called with the state's lock held.
+    ///
+    /// # Errors
+    /// When the directory or the spec cannot be written.
+    fn restore_spec(&self, entry: &PreparedClaim, host_dirs: bool) -> Result<Option<String>, PrepareError> {
+        let uid = entry.claim.uid.as_str();
+        let was = match blocking(|| self.specs.read(uid)) {
+            Ok(Some(spec)) if spec == entry.spec => return Ok(None),
+            Ok(Some(_)) => "changed on disk".to_owned(),
+            Ok(None) => "missing".to_owned(),
+            Err(e) => chain(&e),
+        };
+        let dir = claim_dir(&self.cdi, &entry.claim);
+        blocking(|| {
+            if host_dirs {
+                ensure_dir(&dir, CLAIM_DIR_MODE)?;
+            }
+            if let Ok(path) = self.specs.file_for(uid)
+                && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
+            {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+            self.specs.write(uid, &entry.spec).map(|_| ()).map_err(PrepareError::from)
+        })?;
+        Ok(Some(was))
+    }
+}
+
+/// The request name of a pending claim's placeholder share in the ledger.
+const PENDING_REQUEST: &str = "(pending adoption)";
+
+impl State {
+    /// Makes the process abort at `point` (tests of crash recovery).
+    #[must_use]
+    pub fn with_fail_point(mut self, point: Option<FailPoint>) -> Self {
+        self.fail_at = point;
+        self
+    }
+
+    /// The devices this node publishes now (the inventory snapshot; no I/O for the daemon).
+    ///
+    /// # Errors
+    /// When discovery has no inventory.
+    pub fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
+        let inventory = self.source.inventory().map_err(PrepareError::Discovery)?;
+        Ok(publish(&inventory, &self.config))
+    }
+
+    /// Everything the metrics report, read at once.
+    pub async fn snapshot(&self) -> StateSnapshot {
+        let (usage, prepared, overcommitted) = {
+            let inner = self.inner.lock().await;
+            let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.shares().map(|(k, _)| k.device.clone()).collect();
+            let usage = devices.into_iter().map(|d| (d.clone(), inner.ledger.used(&d))).collect();
+            (usage, inner.prepared.values().cloned().collect::<Vec<_>>(), inner.overcommitted.clone())
+        };
+        let shares = prepared
+            .iter()
+            .flat_map(|p| {
+                // The pod from the claims last read only: metrics never call the API.
+                let pod = self.claims.cached(&p.claim).as_deref().and_then(consumer).map(|(name, _)| name);
+                p.devices.iter().map(move |d| ShareUsage {
+                    claim: p.claim.clone(),
+                    pod: pod.clone(),
+                    device: d.device.clone(),
+                    consumption: d.consumption.clone(),
+                })
+            })
+            .collect();
+        StateSnapshot { published: self.published().unwrap_or_default(), usage, shares, prepared: prepared.len(), overcommitted }
+    }
+
+    /// How many claims are prepared.
+    pub async fn prepared_count(&self) -> usize {
+        self.inner.lock().await.prepared.len()
+    }
+}
+
+/// Puts a pending claim's placeholder back after a failed prepare.
+fn restore_pending(
+    ledger: &mut Ledger,
+    pending: &mut BTreeMap<Uid, Pending>,
+    published: &[PublishedDevice],
+    was: Option<Pending>,
+) {
+    if let Some(p) = was {
+        hold_whole(ledger, &p, published);
+        pending.insert(p.claim.uid.clone(), p);
+    }
+}
+
+/// Holds every card a pending claim names, whole: until the API tells what the claim takes, no
+/// new share may be admitted beside it.
+fn hold_whole(ledger: &mut Ledger, pending: &Pending, published: &[PublishedDevice]) {
+    for device in &pending.devices {
+        if let Some(card) = published.iter().find(|p| &p.name == device) {
+            let key = vgpu_scheduling::ShareKey {
+                claim: pending.claim.uid.clone(),
+                request: PENDING_REQUEST.into(),
+                device: device.clone(),
+                share: None,
+            };
+            let _ = ledger.restore(key, card.capacity_values());
+        }
+    }
+}
+
+fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
+    published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
+}
+
+#[cfg(test)]
+mod tests;

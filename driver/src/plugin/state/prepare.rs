@@ -1,0 +1,252 @@
+//! Prepare: read the claim, work out its shares and spec, check its pod's containers, stage the
+//! files, then admit and commit under the lock; and the answer to the kubelet.
+
+use cdi_spec::{Kind, QualifiedDeviceId};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use vgpu_scheduling::{ObjectName, PublishedDevice};
+
+use super::staging::StagedClaim;
+use super::{Inner, PreparedDevice, State, Storage, capacities, restore_pending};
+use crate::plugin::cdi::{build_spec, cdi_device_names, claim_dir};
+use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
+use crate::plugin::containers::{top_level_requests, uses_of};
+use crate::plugin::error::PrepareError;
+use crate::plugin::failpoint::{FailPoint, fail_point};
+use crate::plugin::storage::blocking;
+use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::host::{CLAIM_DIR_MODE, ensure_dir};
+use crate::plugin::storage::toolkit::toolkit_id;
+
+impl State {
+    /// Prepares one claim; repeating it returns the same answer and restores a lost spec.
+    ///
+    /// # Errors
+    /// [`PrepareError`] for this claim only.
+    pub async fn prepare(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, PrepareError> {
+        if let Some(entry) = self.prepared_entry(claim).await? {
+            let toolkit = self.toolkit_devices().await;
+            return Ok(self.answer(entry, &toolkit, &self.published().unwrap_or_default()));
+        }
+        // The files are made while the claim is read (a create can take a millisecond); a
+        // claim refused before staging has them removed unused.
+        let stager = self.stager();
+        let (entry, object, published) = match self.entry_for(claim).await {
+            Ok(built) => built,
+            Err(e) => {
+                stager.discard().await;
+                return Err(e);
+            }
+        };
+        // The pod is read while the entry is written and fsynced (each about a millisecond); a
+        // refused claim's files are removed unseen.
+        let (checked, (toolkit, staged)) =
+            tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry));
+        let staged = match (checked, staged) {
+            (Ok(()), Ok(staged)) => staged,
+            (Err(e), staged) => {
+                blocking(|| drop(staged));
+                return Err(e);
+            }
+            (Ok(()), Err(e)) => return Err(e),
+        };
+        fail_point(self.fail_at, FailPoint::PrepareStaged);
+        let entry = self.commit(entry, staged, &published).await?;
+        Ok(self.answer(entry, &toolkit, &published))
+    }
+
+    /// Reads `claim` and works out its shares and spec, with the claim and the devices they
+    /// were worked out from.
+    async fn entry_for(&self, claim: &ClaimRef) -> Result<(PreparedClaim, ResourceClaim, Vec<PublishedDevice>), PrepareError> {
+        let object = self.claims.claim_to_prepare(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
+        // The kubelet prepares a claim only for a pod it is reserved for; reserved for no one in
+        // a fresh read, its pod is gone and its allocation may be given to another next.
+        if self.claims.is_api() && consumer(&object).is_none() && object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
+            return Err(ClaimError::NotReserved(claim.key()).into());
+        }
+        let published = self.published()?;
+        let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
+        let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
+        let spec = build_spec(&self.storage.cdi, claim, &devices, &published, &env)
+            .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
+        Ok((PreparedClaim { claim: claim.clone(), devices, spec }, object, published))
+    }
+
+    /// Admits a checked claim and makes its staged files visible, under the lock.
+    async fn commit(
+        &self,
+        entry: PreparedClaim,
+        staged: StagedClaim,
+        published: &[PublishedDevice],
+    ) -> Result<PreparedClaim, PrepareError> {
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, pending, .. } = &mut *inner;
+        let Storage { checkpoint, specs, cdi } = &self.storage;
+        let claim = &entry.claim;
+        if let Some(existing) = prepared.get(&claim.uid) {
+            // A concurrent prepare of the same claim got here first.
+            let existing = existing.clone();
+            blocking(|| drop(staged));
+            return Ok(existing);
+        }
+        ledger.set_capacity(capacities(published));
+        // A claim held whole since start-up is being prepared with its real shares now.
+        let was_pending = pending.remove(&claim.uid);
+        if was_pending.is_some() {
+            ledger.release_claim(&claim.uid);
+        }
+        let mut admitted = Vec::new();
+        for d in &entry.devices {
+            if let Err(e) = ledger.admit(d.key(&claim.uid), d.consumption.clone()) {
+                admitted.iter().for_each(|k| {
+                    ledger.release(k);
+                });
+                restore_pending(ledger, pending, published, was_pending);
+                blocking(|| drop(staged));
+                return Err(e.into());
+            }
+            admitted.push(d.key(&claim.uid));
+        }
+        fail_point(self.fail_at, FailPoint::PrepareAdmitted);
+        let dir = claim_dir(cdi, claim);
+        let host_dirs = self.options.host_dirs;
+        let written = blocking(|| {
+            let StagedClaim { record, spec } = staged;
+            record.commit()?;
+            fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
+            if host_dirs {
+                ensure_dir(&dir, CLAIM_DIR_MODE)?;
+            }
+            spec.commit()?;
+            fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
+            Ok::<_, PrepareError>(())
+        });
+        if let Err(e) = written {
+            admitted.iter().for_each(|k| {
+                ledger.release(k);
+            });
+            let keep_dir = was_pending.is_some();
+            restore_pending(ledger, pending, published, was_pending);
+            blocking(|| {
+                let _ = checkpoint.forget(&claim.uid);
+                let _ = specs.remove(claim.uid.as_str());
+            });
+            // A refused prepare leaves nothing behind, unless a container already uses it.
+            if host_dirs && !keep_dir {
+                self.discard_dir(&claim.uid);
+            }
+            return Err(e);
+        }
+        prepared.insert(claim.uid.clone(), entry.clone());
+        Ok(entry)
+    }
+
+    /// Refuses a claim whose limits would be wrong in one of its pod's containers: HAMi-core's
+    /// limits are indexed by the CUDA devices a container sees, the spec is per claim. A container
+    /// using two claims of this driver would get index 0 twice (the runtime keeps the last); one
+    /// using some of the claim's requests would get the limits of all of them.
+    async fn check_containers(
+        &self,
+        claim: &ClaimRef,
+        object: &ResourceClaim,
+        devices: &[ClaimDevice],
+    ) -> Result<(), PrepareError> {
+        let Some((pod_name, pod_uid)) = consumer(object) else { return Ok(()) };
+        let Ok(pod_name) = ObjectName::new(pod_name) else { return Ok(()) };
+        let Some(pod) = self.claims.pod(&claim.namespace, &pod_name, pod_uid.as_str()).await? else { return Ok(()) };
+        if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
+            return Ok(());
+        }
+        let requests = top_level_requests(devices.iter().map(|d| d.request.as_str()));
+        for usage in uses_of(&pod, claim.name.as_str()) {
+            if let Some(named) = &usage.requests
+                && requests.len() > 1
+                && !requests.iter().all(|r| named.contains(r))
+            {
+                return Err(ClaimError::PartialClaim {
+                    claim: claim.key(),
+                    pod: pod_name.to_string(),
+                    container: usage.container,
+                    requests: named.iter().cloned().collect(),
+                }
+                .into());
+            }
+            for other in &usage.other_claims {
+                let Ok(other_name) = ObjectName::new(other.clone()) else { continue };
+                let Some(o) = self.claims.claim_by_name(&claim.namespace, &other_name).await? else { continue };
+                let ours = o
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allocation.as_ref())
+                    .and_then(|a| a.devices.as_ref())
+                    .is_some_and(|d| d.results.iter().flatten().any(|r| r.driver == self.config.driver_name.as_str()));
+                if ours {
+                    return Err(ClaimError::SharedContainer {
+                        claim: claim.key(),
+                        other: other.clone(),
+                        pod: pod_name.to_string(),
+                        container: usage.container,
+                    }
+                    .into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The entry of an already prepared claim, with its spec restored when missing, unreadable
+    /// or changed on disk.
+    async fn prepared_entry(&self, claim: &ClaimRef) -> Result<Option<PreparedClaim>, PrepareError> {
+        let inner = self.inner.lock().await;
+        let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
+        if let Some(was) = self.storage.restore_spec(entry, self.options.host_dirs)? {
+            tracing::info!(claim = %claim, %was, "rewrote CDI spec of prepared claim (the CDI directory is tmpfs on most hosts)");
+        }
+        Ok(Some(entry.clone()))
+    }
+
+    /// The lookup of the NVIDIA toolkit's device names, to run off the runtime and the lock;
+    /// `None` when no toolkit directory is configured.
+    pub(super) fn toolkit_lookup(&self) -> Option<impl FnOnce() -> Vec<String> + Send + 'static> {
+        let dirs = self.storage.cdi.toolkit_dirs.clone();
+        if dirs.is_empty() {
+            return None;
+        }
+        let own = format!("{}_", self.storage.cdi.kind.file_stem());
+        let index = self.toolkit.clone();
+        Some(move || index.devices(&dirs, &own))
+    }
+
+    /// The NVIDIA toolkit's device names, looked up on a blocking thread.
+    async fn toolkit_devices(&self) -> Vec<String> {
+        match self.toolkit_lookup() {
+            // A lookup that failed leaves the toolkit's IDs out, as a node without them.
+            Some(lookup) => tokio::task::spawn_blocking(lookup).await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    }
+
+    /// The answer for a prepared entry, with the toolkit's device names `toolkit` and the cards
+    /// as `published`.
+    fn answer(&self, entry: PreparedClaim, toolkit: &[String], published: &[PublishedDevice]) -> Vec<PreparedDevice> {
+        let kind: &Kind = &self.storage.cdi.kind;
+        let names = cdi_device_names(&entry.claim, &entry.devices);
+        entry
+            .devices
+            .iter()
+            .zip(names)
+            .map(|(d, name)| {
+                let id = cdi_spec::DeviceName::new(name).map(|name| QualifiedDeviceId { kind: kind.clone(), name }.to_string());
+                let card = published.iter().find(|p| p.name == d.device);
+                let toolkit_id = card.and_then(|c| toolkit_id(toolkit, &c.uuid, c.index()));
+                PreparedDevice {
+                    request: d.request.clone(),
+                    pool: self.node.clone(),
+                    device: d.device.to_string(),
+                    cdi_ids: id.into_iter().chain(toolkit_id).collect(),
+                    consumed: d.consumption.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","),
+                    share_id: d.share_id.as_ref().map(ToString::to_string),
+                }
+            })
+            .collect()
+    }
+}

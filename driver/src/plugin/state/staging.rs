@@ -1,0 +1,111 @@
+//! A new claim's files, made while its claim is read: the checkpoint record's and the spec's temp
+//! files (from spares made ahead when there are some), written and fsynced beside their names.
+
+use cdi_spec::{SpecDir, StagedSpec};
+
+use super::State;
+use crate::plugin::error::{PrepareError, chain};
+use crate::plugin::storage::blocking;
+use crate::plugin::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, StagedRecord};
+use crate::plugin::storage::spares::Spares;
+
+/// A claim's checkpoint record (durable) and spec, written beside their names, not yet visible.
+pub(super) struct StagedClaim {
+    pub(super) record: StagedRecord,
+    pub(super) spec: StagedSpec,
+}
+
+/// A new claim's first file work, on the blocking thread that looks up the toolkit's device
+/// names: the temp files of the claim's record and spec are made while the claim is read.
+pub(super) struct Stager {
+    work: tokio::task::JoinHandle<(Vec<String>, ReservedFiles)>,
+    storage: (Checkpoint, SpecDir),
+}
+
+/// The temp files of a claim's record and spec.
+type ReservedFiles = (Result<crate::fsutil::Reserved, CheckpointError>, Result<cdi_spec::ReservedSpec, cdi_spec::SpecDirError>);
+
+impl Stager {
+    /// Writes `entry`'s checkpoint record (fsynced) and spec into the files made for them, off
+    /// the runtime; with the toolkit's device names.
+    pub(super) async fn stage(self, entry: &PreparedClaim) -> (Vec<String>, Result<StagedClaim, PrepareError>) {
+        let (toolkit, (record, spec)) = joined(self.work.await);
+        let (checkpoint, specs) = self.storage;
+        let entry = entry.clone();
+        let staging = tokio::task::spawn_blocking(move || {
+            // A failed reservation drops the other one here, off the runtime.
+            let (record, spec) = (record?, spec?);
+            let record = checkpoint.stage_in(record, &entry)?;
+            let spec = specs.stage_in(spec, entry.claim.uid.as_str(), &entry.spec)?;
+            Ok(StagedClaim { record, spec })
+        });
+        (toolkit, joined(staging.await))
+    }
+
+    /// Waits for the files and removes them unused.
+    pub(super) async fn discard(self) {
+        let work = joined(self.work.await);
+        blocking(|| drop(work));
+    }
+}
+
+/// The spare files; a panic while they were held cannot leave them half-updated (one push, pop
+/// or counter change at a time).
+fn lock_spares(spares: &std::sync::Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
+    vgpu_dra_runtime::sync::lock(spares)
+}
+
+/// The output of a finished blocking task; its panic goes on in the caller.
+fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
+    result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+impl State {
+    /// Starts a new claim's [`Stager`], with spare files when there are some.
+    pub(super) fn stager(&self) -> Stager {
+        let storage = (self.storage.checkpoint.clone(), self.storage.specs.clone());
+        let (checkpoint, specs) = storage.clone();
+        let toolkit = self.toolkit_lookup();
+        let spare = lock_spares(&self.spares).files.pop();
+        let work = tokio::task::spawn_blocking(move || {
+            let toolkit = toolkit.map(|lookup| lookup()).unwrap_or_default();
+            let files = match spare {
+                Some((record, spec)) if record.still_there() && spec.still_there() => (Ok(record), Ok(spec)),
+                // None, or a spare whose directory was emptied (dropped: what is left is removed).
+                _ => (checkpoint.reserve(), specs.reserve()),
+            };
+            (toolkit, files)
+        });
+        self.make_spares();
+        Stager { work, storage }
+    }
+
+    /// Makes temp files for the next prepares on blocking threads, up to
+    /// [`StateOptions::spare_files`]; no prepare waits for them.
+    pub(super) fn make_spares(&self) {
+        let mut spares = lock_spares(&self.spares);
+        let missing = self.options.spare_files.saturating_sub(spares.files.len() + spares.making);
+        spares.making += missing;
+        drop(spares);
+        for _ in 0..missing {
+            let (checkpoint, specs, pool) = (self.storage.checkpoint.clone(), self.storage.specs.clone(), self.spares.clone());
+            tokio::task::spawn_blocking(move || {
+                let made = (checkpoint.reserve(), specs.reserve());
+                let mut spares = lock_spares(&pool);
+                spares.making -= 1;
+                match made {
+                    (Ok(record), Ok(spec)) => spares.files.push((record, spec)),
+                    (record, spec) => {
+                        drop(spares);
+                        if let Err(e) = &record {
+                            tracing::debug!(error = %chain(e), "no spare record file; prepares make their own");
+                        }
+                        if let Err(e) = &spec {
+                            tracing::debug!(error = %chain(e), "no spare spec file; prepares make their own");
+                        }
+                    }
+                }
+            });
+        }
+    }
+}

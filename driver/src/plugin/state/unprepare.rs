@@ -1,0 +1,93 @@
+//! Unprepare, and the claim directories' trash: an unprepare never waits on what a tenant wrote.
+
+use std::sync::Arc;
+
+use vgpu_scheduling::Uid;
+
+use super::{Inner, State, Storage};
+use crate::plugin::error::PrepareError;
+use crate::plugin::failpoint::{FailPoint, fail_point};
+use crate::plugin::storage::blocking;
+use crate::plugin::storage::trash::{DEFAULT_BUDGET, Trash};
+
+impl State {
+    /// Unprepares one claim; unknown claims succeed.
+    ///
+    /// # Errors
+    /// When the checkpoint or spec cannot be written (the kubelet retries).
+    pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
+        let Storage { checkpoint, specs, .. } = &self.storage;
+        if let Some(entry) = prepared.remove(uid) {
+            if let Err(e) = blocking(|| checkpoint.forget(uid)) {
+                prepared.insert(uid.clone(), entry);
+                return Err(e.into());
+            }
+            ledger.release_claim(uid);
+            fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
+        }
+        if pending.remove(uid).is_some() {
+            ledger.release_claim(uid);
+        }
+        gone.remove(uid);
+        self.claims.forget(uid);
+        if blocking(|| specs.remove(uid.as_str()))? {
+            fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
+        }
+        // Under the lock: a prepare of the same claim right after makes its directory anew.
+        self.discard_dir(uid);
+        drop(inner);
+        Ok(())
+    }
+
+    /// Moves the directory of claim `uid` into the trash (one rename, whatever a container left
+    /// in it) and has the trash emptied in the background: an unprepare never waits on what a
+    /// tenant wrote. A directory that cannot be moved is logged and left to the periodic sweep.
+    /// Called with the lock held, so that it never takes the directory of a prepare after it.
+    pub(super) fn discard_dir(&self, uid: &Uid) {
+        let dir = self.storage.cdi.claims_root.join(uid.as_str());
+        match blocking(|| self.trash().discard(&dir)) {
+            Ok(true) => self.empty_trash(),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(claim = %uid, path = %dir.display(), error = %e, "claim directory not moved to the trash; the periodic check retries");
+            }
+        }
+    }
+
+    /// The trash of the claim directories.
+    pub(super) fn trash(&self) -> Trash {
+        Trash::new(&self.storage.cdi.claims_root)
+    }
+
+    /// Empties the trash on a blocking thread, unless one is at it already; what cannot be
+    /// removed now is logged and tried again by the periodic check.
+    pub(super) fn empty_trash(&self) {
+        use std::sync::atomic::Ordering;
+        if self.emptying.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (trash, emptying) = (self.trash(), self.emptying.clone());
+        let work = move || {
+            // Reset even if the walk panics, so the next check tries again.
+            struct Done(Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            let _done = Done(emptying);
+            let emptied = trash.empty(DEFAULT_BUDGET);
+            if emptied.left > 0 {
+                tracing::warn!(trash = %trash.dir().display(), left = emptied.left, error = emptied.error.as_deref().unwrap_or("a budget of file operations spent"), "claim directories not all removed yet; retried by the next check");
+            } else if emptied.removed > 0 {
+                tracing::debug!(removed = emptied.removed, "claim directories removed");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(work)),
+            Err(_) => work(),
+        }
+    }
+}
