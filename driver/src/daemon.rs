@@ -389,4 +389,53 @@ mod tests {
             .collect();
         assert_eq!(exposed, documented, "docs/metrics.md and the registry differ");
     }
+
+    /// The built app serves the kubelet's sockets and stops within the drain deadline when
+    /// cancelled, removing its registration socket: an API server that answers nothing useful
+    /// (every request a 404) stops no part from starting.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_built_app_serves_the_kubelet_and_stops_when_cancelled() {
+        use clap::Parser;
+
+        let dir = tempfile::tempdir().unwrap();
+        let at = |name: &str| format!("{}", dir.path().join(name).display());
+        let cli = crate::cli::Cli::try_parse_from([
+            "vgpu-dra".to_owned(),
+            "kubelet-plugin".to_owned(),
+            "--node-name=n1".to_owned(),
+            format!("--kubelet-dir={}", at("kubelet")),
+            format!("--cdi-dir={}", at("cdi")),
+            format!("--hami-core-dir={}", at("vgpu")),
+            format!("--lock-dir={}", at("lock")),
+            "--metrics-address=127.0.0.1:0".to_owned(),
+            "--mock-gpus=2xTesla T4:15Gi".to_owned(),
+        ])
+        .unwrap();
+        let crate::cli::Command::KubeletPlugin(args) = cli.command else { panic!("not the kubelet plugin") };
+        let resolved = args.config.resolve_all(&args.node_name).unwrap();
+        let devices =
+            DeviceLoop::start(args.source.daemon_source(&args.node_name).unwrap(), DeviceLoopOptions::default()).unwrap();
+        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
+            let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404,"reason":"NotFound"}"#;
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .status(404)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.to_vec()))
+                    .unwrap(),
+            )
+        });
+        let app = App::build(&args, &resolved, devices.source(), kube::Client::new(service, "default")).await.unwrap();
+        let registration = app.paths.registration_socket.clone();
+        let cancel = CancellationToken::new();
+        let parts = app.spawn(&cancel);
+        let started = std::time::Instant::now();
+        while !registration.exists() {
+            assert!(started.elapsed() < Duration::from_secs(10), "no registration socket");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+        tokio::time::timeout(DRAIN_GRACE, parts).await.expect("stopped within the drain deadline").unwrap();
+        assert!(!registration.exists(), "the kubelet sees the plugin leave");
+    }
 }
