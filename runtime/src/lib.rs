@@ -1,8 +1,10 @@
 //! What every vgpu-dra process shares, in one place: logging set-up, the TLS crypto provider,
-//! error chains for logs and answers, and locks that a panic elsewhere cannot wedge.
+//! error chains for logs and answers, locks that a panic elsewhere cannot wedge, and the
+//! settings of the sockets we serve on.
 
 mod error_chain;
 pub mod logging;
+pub mod net;
 pub mod sync;
 
 pub use error_chain::error_chain;

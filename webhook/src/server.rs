@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, RwLock};
 
 use std::time::{Duration, Instant};
+use vgpu_dra_runtime::net::no_delay;
 use vgpu_dra_runtime::sync::{lock, read, write};
 
 use axum::Router;
@@ -192,6 +193,7 @@ pub async fn serve_tls(
                 }
             },
         };
+        no_delay(&tcp);
         let acceptor = acceptor.clone();
         let router = router.clone();
         let cancel = cancel.clone();
@@ -213,7 +215,10 @@ pub async fn serve_tls(
 /// # Errors
 /// When the server fails.
 pub async fn serve_plain(listener: TcpListener, router: Router, cancel: CancellationToken) -> io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(async move { cancel.cancelled().await }).await
+    use axum::serve::ListenerExt;
+    axum::serve(listener.tap_io(|tcp| no_delay(tcp)), router)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
 }
 
 async fn serve_connection<I>(io: I, router: Router, cancel: CancellationToken)
