@@ -135,8 +135,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let pod = kubectl.get_json(&["pod", "hami-compatible-smoke", "-n", "default"])?;
     let template = pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap_or_default().to_owned();
     assert!(template.starts_with(vgpu_scheduling::compat::TEMPLATE_PREFIX), "{pod:#}");
-    let limits = &pod["spec"]["containers"][0]["resources"]["limits"];
-    assert!(limits.get("nvidia.com/gpu").is_none() && limits.get("nvidia.com/gpumem").is_none(), "{pod:#}");
+    // Its limits were all HAMi's: none are left, not even an empty `limits: {}`.
+    assert!(pod["spec"]["containers"][0]["resources"].get("limits").is_none(), "{pod:#}");
     assert_eq!(pod["spec"]["containers"][0]["resources"]["claims"][0]["name"], pod["spec"]["resourceClaims"][0]["name"]);
     kubectl.get_json(&["resourceclaimtemplate", &template, "-n", "default"])?;
 
@@ -282,12 +282,24 @@ fn volcano_pods_convert_with_the_volcano_device_config() {
     assert_eq!(job["spec"]["minAvailable"], 2);
     assert_eq!(job["spec"]["tasks"][0]["replicas"], 2);
 
+    // Cores above one card are one card's 100, as HAMi clamps them.
+    let many = seed_000::GANG.replace("vcjob-vgpu-gang", "vcjob-many-cores").replace("vgpu-cores: 30", "vgpu-cores: 130");
+    kubectl.run_with_input(&["apply", "-f", "-"], Some(&many)).unwrap();
+    let job = kubectl.get_json(&["jobs.batch.volcano.sh", "vcjob-many-cores", "-n", "volcano-demo"]).unwrap();
+    let template_name =
+        job["spec"]["tasks"][0]["template"]["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].as_str().unwrap();
+    let template = kubectl.get_json(&["resourceclaimtemplate", template_name, "-n", "volcano-demo"]).unwrap();
+    assert_eq!(
+        template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["cores"], "100",
+        "{template:#}"
+    );
+
     // A Job that HAMi would refuse is refused naming the task, the container and the resource,
     // and nothing of it is stored.
-    let bad = seed_000::GANG.replace("vcjob-vgpu-gang", "vcjob-too-many-cores").replace("vgpu-cores: 30", "vgpu-cores: 130");
-    let err = kubectl.run_with_input(&["apply", "-f", "-"], Some(&bad)).expect_err("cores over 100").to_string();
-    assert!(err.contains("task \"vgpu-worker\": container \"cuda\": volcano.sh/vgpu-cores: 130"), "{err}");
-    assert!(kubectl.run(&["get", "jobs.batch.volcano.sh", "vcjob-too-many-cores", "-n", "volcano-demo"]).is_err());
+    let bad = seed_000::GANG.replace("vcjob-vgpu-gang", "vcjob-part-of-a-core").replace("vgpu-cores: 30", "vgpu-cores: 30.5");
+    let err = kubectl.run_with_input(&["apply", "-f", "-"], Some(&bad)).expect_err("a fraction of a core").to_string();
+    assert!(err.contains("task \"vgpu-worker\": container \"cuda\": volcano.sh/vgpu-cores: 30.5"), "{err}");
+    assert!(kubectl.run(&["get", "jobs.batch.volcano.sh", "vcjob-part-of-a-core", "-n", "volcano-demo"]).is_err());
     let text = std::fs::read_to_string(webhook.log()).unwrap();
     assert!(text.contains("Volcano Job"), "{text}");
 }

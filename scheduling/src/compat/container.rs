@@ -116,7 +116,7 @@ pub fn container_ask(
     let (memory_request, percent) = memory_of(name, memory.as_ref(), percentage.as_ref(), settings, facts, warnings)?;
 
     let cores = match &cores {
-        Some(v) => whole(name, &settings.cores_resource, v, 100)?.unsigned_abs(),
+        Some(v) => cores_of(name, &settings.cores_resource, v, warnings)?,
         // HAMi gives a card exclusively when the memory asked is the whole card: no memory
         // resource at all, or a percentage of exactly 100 (even with a non-zero defaultMemory).
         None if percent.map_or(memory.is_none(), |p| p == 100) => 100,
@@ -192,6 +192,19 @@ fn value(container: &Container, resource: &str) -> Result<Option<Value>, CompatE
         (Some(v), _) | (None, Some(v)) => Ok(Some(v)),
         (None, None) => Ok(None),
     }
+}
+
+/// A cores value: a whole number, 0 or more; above 100 it is 100 with a warning, as HAMi clamps it.
+fn cores_of(container: &str, resource: &str, v: &Value, warnings: &mut Vec<String>) -> Result<u64, CompatError> {
+    let cores = whole(container, resource, v, i64::MAX)?.unsigned_abs();
+    if cores > 100 {
+        warnings.push(format!(
+            "container {container:?}: {resource} {} is more than one card's 100: taken as 100 (as HAMi does)",
+            v.text
+        ));
+        return Ok(100);
+    }
+    Ok(cores)
 }
 
 /// A whole number from 0 to `max`.

@@ -139,6 +139,27 @@ fn volcano_names_have_the_same_meaning() {
     assert!(e.unwrap_err().to_string().contains("volcano.sh/vgpu-memory and volcano.sh/vgpu-cores"));
 }
 
+/// HAMi clamps cores above 100 to one whole card's 100; so does the conversion, and says so.
+#[test]
+fn cores_above_one_card_are_one_card_with_a_warning() {
+    use MemoryRequest::*;
+    for (cores, memory, expected) in
+        [("101", None, req(1, WholeCard, 100)), ("150", Some("3000"), req(1, Bytes(3000 * MIB), 100))]
+    {
+        let mut limits = vec![(GPU, "1"), (CORES, cores)];
+        limits.extend(memory.map(|m| (MEM, m)));
+        let (asked, warnings) = ask_with(&limits, &CompatSettings::hami(), &t4_facts());
+        assert_eq!(asked, Ok(Ask::Cards(expected)), "{limits:?}");
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains(&format!("nvidia.com/gpucores {cores} is more than")) && warnings[0].contains("taken as 100"),
+            "{warnings:?}"
+        );
+    }
+    let (_, warnings) = ask_with(&[(GPU, "1"), (CORES, "100")], &CompatSettings::hami(), &t4_facts());
+    assert!(warnings.is_empty(), "100 itself is no warning: {warnings:?}");
+}
+
 #[test]
 fn bad_input_is_denied_naming_container_and_resource() {
     let cases: &[Denial] = &[
@@ -154,7 +175,6 @@ fn bad_input_is_denied_naming_container_and_resource() {
         (&[(PCT, "101")], "out_of_range", "nvidia.com/gpumem-percentage: 101 is out of range, it must be 0 to 100"),
         (&[(PCT, "-1")], "out_of_range", "nvidia.com/gpumem-percentage: -1 is out of range"),
         (&[(PCT, "50.5")], "not_whole", "nvidia.com/gpumem-percentage: 50.5 is not a whole number"),
-        (&[(CORES, "101")], "out_of_range", "nvidia.com/gpucores: 101 is out of range, it must be 0 to 100"),
         (&[(CORES, "-5")], "out_of_range", "nvidia.com/gpucores: -5 is out of range"),
         (
             &[(MEM, "1024"), (PCT, "50")],

@@ -61,10 +61,7 @@ fn every_task_is_converted_at_its_own_path_and_the_rest_passes_through() {
         let spec = &out["spec"]["tasks"][task]["template"]["spec"];
         assert_eq!(spec["resourceClaims"], json!([{"name": "vgpu-cuda", "resourceClaimTemplateName": name}]), "{out:#}");
         // The Job's pods are Volcano's and request nothing else: they keep a cpu request.
-        assert_eq!(
-            spec["containers"][0]["resources"],
-            json!({"limits": {}, "requests": {"cpu": "1m"}, "claims": [{"name": "vgpu-cuda"}]})
-        );
+        assert_eq!(spec["containers"][0]["resources"], json!({"requests": {"cpu": "1m"}, "claims": [{"name": "vgpu-cuda"}]}));
     }
     // Everything but the converted containers and claims is as it was.
     let mut expected = job.clone();

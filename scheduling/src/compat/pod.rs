@@ -228,18 +228,24 @@ fn check_entry(
     Err(CompatError::ClaimNameTaken { container: container.name.clone(), name: entry.into() })
 }
 
-/// Removes the flavour's resources from limits and requests; returns the removed keys as JSON
-/// pointer tails (`limits/nvidia.com~1gpu`).
+/// Removes the flavour's resources from limits and requests; returns what was removed as JSON
+/// pointer tails: each key (`limits/nvidia.com~1gpu`), or the whole map (`limits`) when nothing
+/// else was in it, so that no empty `limits: {}` is left in the stored pod.
 fn strip(container: &mut Container, settings: &CompatSettings) -> Vec<String> {
     let keys: Vec<String> = own_resources(container, settings).map(str::to_owned).collect();
     let Some(resources) = container.resources.as_mut() else { return Vec::new() };
     let mut removed = Vec::new();
-    for (field, map) in [("limits", resources.limits.as_mut()), ("requests", resources.requests.as_mut())] {
-        let Some(map) = map else { continue };
-        for key in &keys {
-            if map.remove(key).is_some() {
-                removed.push(format!("{field}/{}", pointer_escape(key)));
-            }
+    for (field, map) in [("limits", &mut resources.limits), ("requests", &mut resources.requests)] {
+        let Some(entries) = map.as_mut() else { continue };
+        let gone: Vec<&String> = keys.iter().filter(|key| entries.remove(*key).is_some()).collect();
+        if gone.is_empty() {
+            continue;
+        }
+        if entries.is_empty() {
+            *map = None;
+            removed.push(field.to_owned());
+        } else {
+            removed.extend(gone.iter().map(|key| format!("{field}/{}", pointer_escape(key))));
         }
     }
     removed

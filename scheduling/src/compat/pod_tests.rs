@@ -124,8 +124,10 @@ fn hami_resources_in_requests_are_removed_too() {
     let input = pod("p", vec![with_requests("cuda", &[(GPU, "1")], &[(GPU, "1"), ("cpu", "1")])], &[]);
     let conv = convert_pod(&input, &hami(), &t4_facts()).unwrap();
     let r = conv.pod.spec.as_ref().unwrap().containers[0].resources.clone().unwrap();
-    assert!(r.limits.unwrap().is_empty());
+    assert_eq!(r.limits, None, "no empty limits are left behind");
     assert_eq!(r.requests.unwrap().keys().collect::<Vec<_>>(), ["cpu"]);
+    assert!(conv.patch.iter().any(|op| op == &json!({"op": "remove", "path": "/spec/containers/0/resources/limits"})));
+    assert!(conv.patch.iter().any(|op| op["path"] == "/spec/containers/0/resources/requests/nvidia.com~1gpu"));
     assert_patch_matches(&input, &conv);
 }
 

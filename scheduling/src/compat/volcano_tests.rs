@@ -102,12 +102,12 @@ fn a_volcano_pod_left_with_no_request_gets_the_cpu_request_on_its_gpu_container(
     assert!(requests_something(spec) && conv.warnings.is_empty());
 
     // With the vGPU resources also in requests (as the API server stores a pod's limits), the
-    // emptied requests get the cpu.
+    // emptied requests are removed and come back with the cpu.
     let mut both = gpu("cuda");
     let limits = both.resources.as_ref().unwrap().limits.clone();
     both.resources.as_mut().unwrap().requests = limits;
     let conv = convert(&pod_for(Some("volcano"), vec![both], vec![]));
-    assert_eq!(cpu_ops(&conv), [json!({"op": "add", "path": "/spec/containers/0/resources/requests/cpu", "value": "1m"})]);
+    assert_eq!(cpu_ops(&conv), [json!({"op": "add", "path": "/spec/containers/0/resources/requests", "value": {"cpu": "1m"}})]);
     assert_eq!(requests_of(&conv.pod.spec.unwrap().containers[0]), json!({"cpu": "1m"}));
 }
 
