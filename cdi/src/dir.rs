@@ -229,7 +229,7 @@ impl SpecDir {
     ///
     /// # Errors
     /// [`SpecDirError::Read`] when the file exists but cannot be read or parsed.
-    /// Only a regular file of at most [`MAX_SPEC_BYTES`] is read; anything else in its place is
+    /// Only a regular file of at most `MAX_SPEC_BYTES` is read; anything else in its place is
     /// an error, never a blocked read.
     pub fn read(&self, id: &str) -> Result<Option<Spec>, SpecDirError> {
         let path = self.file_for(id)?;

@@ -11,7 +11,7 @@ const FIRST: Duration = Duration::from_millis(500);
 const LONGEST: Duration = Duration::from_secs(30);
 
 /// Exponential backoff with full jitter: the n-th pause is uniform in [cap/2, cap], where cap
-/// doubles from [`FIRST`] up to [`LONGEST`]; [`Backoff::reset`] after a success starts over.
+/// doubles from 0.5 s (`FIRST`) up to 30 s (`LONGEST`); [`Backoff::reset`] after a success starts over.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     cap: Duration,

@@ -253,7 +253,7 @@ fn essential(
     })
 }
 
-/// Waits for SIGTERM or SIGINT, then cancels the parts and gives them [`DRAIN_GRACE`] to stop; a
+/// Waits for SIGTERM or SIGINT, then cancels the parts and gives them `DRAIN_GRACE` to stop; a
 /// part set that stops by itself first is an error (one of them failed).
 ///
 /// # Errors

@@ -66,7 +66,7 @@ impl Readiness {
 }
 
 /// Counts and logs the clients refused in the TLS handshake for their certificate: every one
-/// in the metric, each address at warn at most once per [`REFUSAL_LOG_EVERY`] (a pod retrying
+/// in the metric, each address at warn at most once per `REFUSAL_LOG_EVERY` (a pod retrying
 /// in a loop does not flood the log).
 #[derive(Debug, Clone)]
 pub struct Refusals {

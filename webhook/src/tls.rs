@@ -193,7 +193,7 @@ const MAX_REGISTERED_CAS: usize = 8;
 
 /// The `caBundle` to register for `ours` (a Secret's `ca.crt`) when `registered` is registered
 /// now: every CA of `ours`, in its order, then the CAs of `registered` not among them that are
-/// still valid at `now`, the newest first, up to [`MAX_REGISTERED_CAS`] in all. So a write never
+/// still valid at `now`, the newest first, up to `MAX_REGISTERED_CAS` in all. So a write never
 /// drops a CA a replica may still be serving a certificate of, whatever Secret that replica read
 /// (a renewal, a replaced or deleted Secret, an issuer's new CA); expired and unreadable ones go.
 pub fn merge_ca_bundles(ours: &str, registered: &str, now: SystemTime) -> String {

@@ -18,7 +18,7 @@ pub struct CardList {
 
 /// A source of the node's GPU inventory.
 ///
-/// Reads may block (NVML, files); callers on an async runtime read a [`SnapshotSource`] instead.
+/// Reads may block (NVML, files); callers on an async runtime read a [`super::SnapshotSource`] instead.
 /// A source whose cards can be read one by one implements [`DeviceSource::cards`] and
 /// [`DeviceSource::card`], so the device loop can give each card its own deadline; the defaults
 /// read the whole inventory, which suits sources that never block.

@@ -14,7 +14,7 @@ pub struct Usage {
     pub cpu_seconds: f64,
 }
 
-/// Clock ticks per second for /proc/<pid>/stat times (`getconf CLK_TCK`, almost always 100).
+/// Clock ticks per second for `/proc/<pid>/stat` times (`getconf CLK_TCK`, almost always 100).
 fn ticks_per_second() -> f64 {
     std::process::Command::new("getconf")
         .arg("CLK_TCK")

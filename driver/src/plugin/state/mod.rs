@@ -9,7 +9,7 @@
 //! claim is read, and the entry (fsynced) and the spec are written beside their names while the
 //! pod is read; under the lock they are only renamed into place. The spec is not fsynced: start-up
 //! rebuilds any spec a power loss took from its entry. Start-up and the periodic checks live in
-//! [`recovery`].
+//! `recovery`.
 
 mod prepare;
 mod recovery;
