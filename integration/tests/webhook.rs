@@ -159,6 +159,26 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         assert!(env.contains(&want), "{want} missing from {env:?}");
     }
 
+    // 1b. Volcano's names in the same default install (source document 001's pod form): the
+    // webhook converts both sets, each with its own names.
+    let volcano_pod = SMOKE_POD.replace("hami-compatible-smoke", "volcano-names").replace(
+        "nvidia.com/gpu: 1\n        nvidia.com/gpumem: 4096\n        nvidia.com/gpucores: 50",
+        "volcano.sh/vgpu-number: 1\n        volcano.sh/vgpu-memory: 1024",
+    );
+    anyhow::ensure!(volcano_pod.contains("volcano.sh/vgpu-memory"), "{volcano_pod}");
+    kubectl.run_with_input(&["apply", "-n", "default", "-f", "-"], Some(&volcano_pod))?;
+    let claim = eventually("the Volcano pod's claim", Duration::from_secs(30), || Ok(claims_of(plane, "volcano-names")?.pop()))?;
+    let volcano_claim = claim["metadata"]["name"].as_str().unwrap().to_owned();
+    plane.wait_allocated("default", &volcano_claim, Duration::from_secs(30))?;
+    let volcano_uid =
+        kubectl.run(&["get", "resourceclaim", &volcano_claim, "-n", "default", "-o", "jsonpath={.metadata.uid}"])?;
+    let reply = kubelet.prepare(&[("default", &volcano_claim, &volcano_uid)])?;
+    let r = claim_response(&reply, &volcano_uid);
+    anyhow::ensure!(r.get("error").is_none_or(|e| e.as_str() == Some("")), "prepare failed: {reply}");
+    let report = cdi_check(&dirs.cdi, &[r["devices"][0]["cdi_device_ids"][0].as_str().unwrap()]);
+    let env: Vec<&str> = report["env"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert!(env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_0=1024m"), "{env:?}");
+
     // 2. Bad pods are denied by container and resource, with nothing created.
     for (name, limits, privileged, want) in [
         ("too-much", "nvidia.com/gpumem-percentage: 150", false, "container \"cuda\": nvidia.com/gpumem-percentage: 150"),
@@ -168,9 +188,9 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         assert!(err.contains("denied the request") && err.contains(want), "{err}");
         assert!(kubectl.run(&["get", "pod", name, "-n", "default", "-o", "name"]).is_err());
     }
-    assert_eq!(templates(plane)?, 1);
+    assert_eq!(templates(plane)?, 2, "one for each converted shape");
     // A pod without GPUs, with an init container, is never sent (matchConditions): no admission
-    // of any outcome besides the two conversions and two denials above is counted.
+    // of any outcome besides the three conversions and two denials above is counted.
     let plain = pod_yaml("no-gpu", "cpu: 100m", false).replace(
         "spec:\n",
         "spec:\n  initContainers:\n  - {name: init, image: registry.invalid/none, resources: {limits: {memory: 64Mi}}}\n",
@@ -182,10 +202,11 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         .filter(|l| l.starts_with("vgpu_dra_webhook_admissions_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(counted, 4.0, "{text}");
+    assert_eq!(counted, 5.0, "{text}");
     for want in [
-        // The dry-run probe and the pod (the probe converts once: it stops at the first success).
-        "vgpu_dra_webhook_admissions_total{outcome=\"converted\"} 2",
+        // The dry-run probe, the HAMi pod and the Volcano one (the probe converts once: it stops
+        // at the first success).
+        "vgpu_dra_webhook_admissions_total{outcome=\"converted\"} 3",
         "vgpu_dra_webhook_denials_total{reason=\"privileged\"} 1",
         "vgpu_dra_webhook_denials_total{reason=\"out_of_range\"} 1",
     ] {

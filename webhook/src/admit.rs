@@ -100,7 +100,9 @@ pub trait Cluster: Send + Sync + 'static {
 /// Answers pod admission reviews.
 #[derive(Debug)]
 pub struct Admitter<C> {
-    settings: CompatSettings,
+    /// The name sets it converts (HAMi's, Volcano's), each with its own defaults; a pod or Job
+    /// is converted with the one whose names it uses.
+    flavours: Vec<CompatSettings>,
     cluster: C,
     metrics: Metrics,
     deadline: Duration,
@@ -113,7 +115,14 @@ const DEFAULT_DEADLINE: Duration = Duration::from_secs(9);
 impl<C: Cluster> Admitter<C> {
     /// An admitter converting with `settings` against `cluster`.
     pub fn new(settings: CompatSettings, cluster: C, metrics: Metrics) -> Self {
-        Self { settings, cluster, metrics, deadline: DEFAULT_DEADLINE }
+        Self { flavours: vec![settings], cluster, metrics, deadline: DEFAULT_DEADLINE }
+    }
+
+    /// This admitter converting the names of `more` as well (another flavour's set).
+    #[must_use]
+    pub fn with_flavour(mut self, more: CompatSettings) -> Self {
+        self.flavours.push(more);
+        self
     }
 
     /// This admitter answering within `deadline` (a refusal when the cluster is slower).
@@ -122,9 +131,33 @@ impl<C: Cluster> Admitter<C> {
         Self { deadline, ..self }
     }
 
-    /// The settings it converts with.
+    /// The settings it converts with: the first flavour's.
     pub fn settings(&self) -> &CompatSettings {
-        &self.settings
+        &self.flavours[0]
+    }
+
+    /// The flavour to convert an object naming `names` with: the one whose names it uses, or
+    /// whose MIG names it uses (to deny them). `Ok(None)`: none of ours. A denial message when
+    /// it names resources of two flavours: one object is converted with one set of names.
+    fn flavour(&self, kind: &str, names: &[(String, String)]) -> Result<Option<&CompatSettings>, String> {
+        let named = |f: &CompatSettings| names.iter().find(|(_, n)| f.resource_names().contains(&n.as_str())).cloned();
+        let users: Vec<(&CompatSettings, (String, String))> =
+            self.flavours.iter().filter_map(|f| named(f).map(|first| (f, first))).collect();
+        match users.as_slice() {
+            [] => Ok(self.flavours.iter().find(|f| names.iter().any(|(_, n)| f.is_mig(n)))),
+            [(one, _)] => Ok(Some(one)),
+            [(_, (c1, n1)), (_, (c2, n2)), ..] => Err(format!(
+                "vgpu-dra webhook: the {kind} mixes two sets of GPU resource names: container {c1:?} asks for {n1} and container {c2:?} for {n2}; write all its GPU resources with one set (HAMi's nvidia.com/* or Volcano's volcano.sh/vgpu-*)"
+            )),
+        }
+    }
+
+    /// `flavour` for an object, with a denial counted and answered when it mixes flavours.
+    fn flavour_or_deny(&self, kind: &str, names: &[(String, String)]) -> Result<Option<&CompatSettings>, (Outcome, Decision)> {
+        self.flavour(kind, names).map_err(|message| {
+            self.metrics.denied("mixed_names");
+            (Outcome::Denied, Decision::Deny { message })
+        })
     }
 
     /// The answer to the pod review in `body`; never fails: errors are denials the client sees.
@@ -202,14 +235,16 @@ impl<C: Cluster> Admitter<C> {
         };
         // Only pods with HAMi resources are sent, but a hand-made registration may send others:
         // those need no slices.
-        if !asks_for_own_resources(pod, &self.settings) {
-            return unchanged();
-        }
+        let settings = match self.flavour_or_deny("pod", &pod_resource_names(pod)) {
+            Ok(Some(settings)) => settings,
+            Ok(None) => return unchanged(),
+            Err(denied) => return denied,
+        };
         let facts = match self.cluster.class_facts().await {
             Ok(f) => f,
             Err(e) => return (Outcome::Error, error_decision(&e)),
         };
-        let conversion = match convert_pod(pod, &self.settings, &facts) {
+        let conversion = match convert_pod(pod, settings, &facts) {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.denied(e.reason());
@@ -228,14 +263,16 @@ impl<C: Cluster> Admitter<C> {
             return unchanged();
         };
         let Ok(job_json) = serde_json::to_value(job) else { return unchanged() };
-        if !job_asks_for_own_resources(&job_json, &self.settings) {
-            return unchanged();
-        }
+        let settings = match self.flavour_or_deny("Volcano Job", &job_resource_names(&job_json)) {
+            Ok(Some(settings)) => settings,
+            Ok(None) => return unchanged(),
+            Err(denied) => return denied,
+        };
         let facts = match self.cluster.class_facts().await {
             Ok(f) => f,
             Err(e) => return (Outcome::Error, error_decision(&e)),
         };
-        let conversion = match convert_volcano_job(&job_json, &self.settings, &facts) {
+        let conversion = match convert_volcano_job(&job_json, settings, &facts) {
             Ok(c) => c,
             Err(e) => {
                 self.metrics.denied(e.reason());
@@ -300,28 +337,36 @@ fn unchanged() -> (Outcome, Decision) {
     (Outcome::Unchanged, Decision::Allow { patch: Vec::new(), warnings: Vec::new() })
 }
 
-/// Whether any task's pod template names one of `settings`' resources.
-fn job_asks_for_own_resources(job: &serde_json::Value, settings: &CompatSettings) -> bool {
+/// The resource names in the limits and requests of every task's pod template, each with its
+/// container's name.
+fn job_resource_names(job: &serde_json::Value) -> Vec<(String, String)> {
     let tasks = job.pointer("/spec/tasks").and_then(serde_json::Value::as_array);
-    tasks.into_iter().flatten().filter_map(|t| t.pointer("/template/spec")).any(|spec| {
+    let containers = tasks.into_iter().flatten().filter_map(|t| t.pointer("/template/spec")).flat_map(|spec| {
         ["initContainers", "containers"]
-            .iter()
+            .into_iter()
             .filter_map(|field| spec.get(field).and_then(serde_json::Value::as_array))
             .flatten()
-            .filter_map(|c| c.get("resources"))
-            .flat_map(|r| ["limits", "requests"].into_iter().filter_map(|f| r.get(f).and_then(serde_json::Value::as_object)))
-            .any(|m| m.keys().any(|k| settings.is_own_resource(k)))
-    })
+    });
+    let mut names = Vec::new();
+    for c in containers {
+        let name = c.get("name").and_then(serde_json::Value::as_str).unwrap_or_default();
+        let maps =
+            c.get("resources").into_iter().flat_map(|r| ["limits", "requests"].into_iter().filter_map(|f| r.get(f)?.as_object()));
+        names.extend(maps.flat_map(|m| m.keys()).map(|k| (name.to_owned(), k.clone())));
+    }
+    names
 }
 
-/// Whether any container or init container names one of `settings`' resources.
-fn asks_for_own_resources(pod: &Pod, settings: &CompatSettings) -> bool {
-    let Some(spec) = pod.spec.as_ref() else { return false };
-    spec.init_containers.iter().flatten().chain(&spec.containers).any(|c| {
-        c.resources.as_ref().is_some_and(|r| {
-            [&r.limits, &r.requests].into_iter().flatten().any(|m| m.keys().any(|k| settings.is_own_resource(k)))
-        })
-    })
+/// The resource names in the limits and requests of every container, each with its container's
+/// name.
+fn pod_resource_names(pod: &Pod) -> Vec<(String, String)> {
+    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
+    let mut names = Vec::new();
+    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let maps = c.resources.iter().flat_map(|r| [&r.limits, &r.requests].into_iter().flatten());
+        names.extend(maps.flat_map(|m| m.keys()).map(|k| (c.name.clone(), k.clone())));
+    }
+    names
 }
 
 /// A refusal for a cluster failure: the pod cannot be converted now, and letting it through

@@ -400,3 +400,47 @@ async fn an_existing_template_is_used_only_with_the_content_we_would_store() {
         assert_eq!(api.calls.lock().unwrap().len(), if usable { 3 } else { 6 }, "{case}");
     }
 }
+
+/// Issue 39, item 1: with both sets, each pod is converted with the set it is written in, and a
+/// pod written in both is denied naming one resource of each.
+#[tokio::test]
+async fn each_pod_is_converted_with_the_names_it_is_written_in_and_mixing_them_is_denied() {
+    let cluster = Arc::new(FakeCluster::default());
+    let both = admitter(&cluster).with_flavour(CompatSettings::volcano());
+    let patch_of = |review: &AdmissionReview<DynamicObject>| -> Vec<Value> {
+        let r = response(review);
+        assert!(r.allowed, "{r:?}");
+        serde_json::from_slice(r.patch.as_ref().unwrap()).unwrap()
+    };
+    for limits in [
+        json!({"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-memory": 1024}),
+        json!({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}),
+    ] {
+        let patch = patch_of(&both.review(&pod_review(smoke_pod(limits.clone(), false), false)).await);
+        assert!(patch.contains(&json!({"op": "remove", "path": "/spec/containers/0/resources/limits"})), "{limits}: {patch:?}");
+    }
+    let memories: Vec<String> = cluster
+        .created
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, t)| {
+            let spec = serde_json::to_value(&t.spec).unwrap();
+            spec["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(memories, [(1024u64 << 20).to_string(), (3000u64 << 20).to_string()], "each with its own memory");
+
+    let mixed = json!({"nvidia.com/gpu": 1, "volcano.sh/vgpu-memory": 1024});
+    let review = both.review(&pod_review(smoke_pod(mixed, false), false)).await;
+    let r = response(&review);
+    assert!(!r.allowed);
+    let message = &r.result.message;
+    assert!(
+        message.contains("nvidia.com/gpu") && message.contains("volcano.sh/vgpu-memory") && message.contains("\"cuda\""),
+        "{message}"
+    );
+    // With HAMi's set alone, the Volcano pod is none of its business.
+    let review = admitter(&cluster).review(&pod_review(smoke_pod(json!({"volcano.sh/vgpu-number": 1}), false), false)).await;
+    assert!(response(&review).patch.is_none());
+}

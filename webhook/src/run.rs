@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::compat::VolcanoSettings;
 use vgpu_scheduling::compat::{job_match_condition, pod_match_condition};
 use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
-use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
+use vgpu_scheduling::{CompatSettings, ConfigForm, DeviceConfig, DeviceConfigError};
 
 use crate::admit::{Admitter, KubeCluster};
 use crate::args::{CertificateSource, RegistrationMode};
@@ -89,7 +89,7 @@ pub enum RunError {
 pub fn run(args: &WebhookArgs) -> Result<(), RunError> {
     crate::install_crypto_provider();
     vgpu_dra_runtime::logging::init(false)?;
-    let settings = settings(args)?;
+    let flavours = settings(args)?;
     let endpoint = endpoint(args)?;
     // Files are read before the runtime starts: no blocking I/O on it.
     let kubeconfig = match &args.kubeconfig {
@@ -102,15 +102,15 @@ pub fn run(args: &WebhookArgs) -> Result<(), RunError> {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(RunError::Runtime)?;
     if args.registration == RegistrationMode::Registrar {
-        return runtime.block_on(register_only(args, &settings, endpoint, kubeconfig));
+        return runtime.block_on(register_only(args, &flavours, endpoint, kubeconfig));
     }
-    runtime.block_on(serve(args, settings, endpoint, kubeconfig, client_auth))
+    runtime.block_on(serve(args, flavours, endpoint, kubeconfig, client_auth))
 }
 
 /// The configuration the flags describe, with `ca_bundle`.
 fn registration_of(
     args: &WebhookArgs,
-    settings: &CompatSettings,
+    flavours: &[CompatSettings],
     endpoint: Endpoint,
     ca_bundle: Option<String>,
     owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
@@ -119,8 +119,8 @@ fn registration_of(
         name: args.webhook_name.clone(),
         endpoint,
         ca_bundle,
-        match_condition: pod_match_condition(settings),
-        job_match_condition: args.volcano_jobs.then(|| job_match_condition(settings)),
+        match_condition: any_of(flavours, pod_match_condition),
+        job_match_condition: args.volcano_jobs.then(|| any_of(flavours, job_match_condition)),
         owner,
         excluded_namespaces: excluded_namespaces(args),
         timeout_seconds: args.timeout_seconds,
@@ -130,7 +130,7 @@ fn registration_of(
 /// The registration Job: writes the configuration, all of it but the caBundle, and exits.
 async fn register_only(
     args: &WebhookArgs,
-    settings: &CompatSettings,
+    flavours: &[CompatSettings],
     endpoint: Endpoint,
     kubeconfig: Option<kube::config::Kubeconfig>,
 ) -> Result<(), RunError> {
@@ -139,32 +139,59 @@ async fn register_only(
         Some(role) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
         None => None,
     };
-    let registration = registration_of(args, settings, endpoint, None, owner);
+    let registration = registration_of(args, flavours, endpoint, None, owner);
     registration.apply(client, API_TIMEOUT).await?;
     tracing::info!(webhook = registration.webhook_name(), "registered; the webhook keeps its caBundle");
     Ok(())
 }
 
-/// The conversion settings the flags and the device configuration file give.
+/// The name sets the webhook converts, HAMi's first and then Volcano's, with the flags and the
+/// device configuration file applied: a file renames and sets the defaults of the set its form
+/// writes (HAMi's `device-config.yaml` HAMi's, volcano-vgpu-device-plugin's the Volcano one);
+/// the other set keeps its names and HAMi's defaults. Sets that end up with the same names are
+/// one.
 ///
 /// # Errors
 /// [`RunError::ReadConfig`] or [`RunError::Config`] for the file.
-pub fn settings(args: &WebhookArgs) -> Result<CompatSettings, RunError> {
-    let mut settings = CompatSettings::hami();
+pub fn settings(args: &WebhookArgs) -> Result<Vec<CompatSettings>, RunError> {
+    let (mut hami, mut volcano) = (CompatSettings::hami(), CompatSettings::volcano());
     let mut driver = None;
     if let Some(path) = &args.config {
         let text = std::fs::read_to_string(path).map_err(|source| RunError::ReadConfig { path: path.clone(), source })?;
         let config = DeviceConfig::parse(&path.display().to_string(), &text)?;
         driver = config.driver_name.as_ref().map(|d| d.as_str().to_owned());
-        settings = settings.with_device_config(&config.compat);
+        match config.form {
+            ConfigForm::Volcano => volcano = volcano.with_device_config(&config.compat),
+            ConfigForm::Own | ConfigForm::Hami => hami = hami.with_device_config(&config.compat),
+        }
     }
-    settings.driver = args.driver_name.clone().or(driver).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
-    settings.device_class = args.device_class.clone().unwrap_or_else(|| settings.driver.clone());
-    settings.volcano = VolcanoSettings {
+    let driver = args.driver_name.clone().or(driver).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
+    let device_class = args.device_class.clone().unwrap_or_else(|| driver.clone());
+    let volcano_settings = VolcanoSettings {
         scheduler_names: args.volcano_scheduler_names.clone(),
         cpu_request: Some(args.volcano_cpu_request).filter(|q| !q.is_zero()),
     };
-    Ok(settings)
+    let mut flavours: Vec<CompatSettings> = Vec::new();
+    for flavour in [hami, volcano] {
+        let flavour = CompatSettings {
+            driver: driver.clone(),
+            device_class: device_class.clone(),
+            volcano: volcano_settings.clone(),
+            ..flavour
+        };
+        if !flavours.iter().any(|f| f.resource_names() == flavour.resource_names()) {
+            flavours.push(flavour);
+        }
+    }
+    Ok(flavours)
+}
+
+/// One `matchConditions` expression true for an object any of `flavours` converts.
+fn any_of(flavours: &[CompatSettings], condition: fn(&CompatSettings) -> String) -> String {
+    match flavours {
+        [one] => condition(one),
+        many => many.iter().map(|f| format!("({})", condition(f))).collect::<Vec<_>>().join(" || "),
+    }
 }
 
 /// Where the certificate comes from, for the serving `names`.
@@ -204,7 +231,7 @@ async fn client(kubeconfig: Option<kube::config::Kubeconfig>) -> Result<kube::Cl
 
 async fn serve(
     args: &WebhookArgs,
-    settings: CompatSettings,
+    flavours: Vec<CompatSettings>,
     endpoint: Endpoint,
     kubeconfig: Option<kube::config::Kubeconfig>,
     client_auth: Option<ClientAuth>,
@@ -247,9 +274,15 @@ async fn serve(
         (Some(role), RegistrationMode::Full) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
         _ => None,
     };
-    let cluster = KubeCluster::new(client.clone(), &settings.driver, API_TIMEOUT, SLICE_CACHE);
-    let registration = registration_of(args, &settings, endpoint, Some(bundle.ca_pem.clone()), owner);
-    let admitter = Arc::new(Admitter::new(settings, cluster, metrics.clone()).with_deadline(answer_within(args.timeout_seconds)));
+    let driver = flavours.first().map(|f| f.driver.clone()).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
+    let cluster = KubeCluster::new(client.clone(), &driver, API_TIMEOUT, SLICE_CACHE);
+    let registration = registration_of(args, &flavours, endpoint, Some(bundle.ca_pem.clone()), owner);
+    let mut flavours = flavours.into_iter();
+    let mut admitter = Admitter::new(flavours.next().unwrap_or_default(), cluster, metrics.clone());
+    for more in flavours {
+        admitter = admitter.with_flavour(more);
+    }
+    let admitter = Arc::new(admitter.with_deadline(answer_within(args.timeout_seconds)));
     let router = server::admission_router(admitter);
     let https = tokio::spawn(server::serve_tls(listener, tls_config, router, Refusals::new(metrics), cancel.clone()));
 
@@ -417,17 +450,45 @@ mod tests {
             "--device-class=shared-gpus",
         ])
         .unwrap();
-        let s = settings(&cli.args).unwrap();
+        let flavours = settings(&cli.args).unwrap();
+        let s = &flavours[0];
         assert_eq!((s.count_resource.as_str(), s.default_memory_mib), ("example.com/gpu", 2048));
         assert_eq!((s.device_class.as_str(), s.driver.as_str()), ("shared-gpus", DEFAULT_DRIVER_NAME));
-        assert!(pod_match_condition(&s).contains("example.com/gpu"));
+        assert!(pod_match_condition(s).contains("example.com/gpu"));
         assert_eq!(s.volcano, VolcanoSettings::default());
+        // HAMi's file names HAMi's set only: Volcano's keeps its names, and the class.
+        let v = &flavours[1];
+        assert_eq!((v.count_resource.as_str(), v.default_memory_mib), ("volcano.sh/vgpu-number", 0));
+        assert_eq!(v.device_class, "shared-gpus");
+    }
+
+    /// Issue 39, item 1: one install converts both sets; each form of file renames its own.
+    #[test]
+    fn both_name_sets_are_converted_and_each_file_renames_its_own() {
+        let base = ["x", "--url=https://127.0.0.1:1/mutate-pods", "--namespace=vgpu"];
+        let flavours = settings(&Cli::try_parse_from(base).unwrap().args).unwrap();
+        let counts: Vec<&str> = flavours.iter().map(|f| f.count_resource.as_str()).collect();
+        assert_eq!(counts, ["nvidia.com/gpu", "volcano.sh/vgpu-number"]);
+        let condition = any_of(&flavours, pod_match_condition);
+        assert!(condition.contains("nvidia.com/gpumem") && condition.contains("volcano.sh/vgpu-memory"), "{condition}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("volcano-vgpu.yaml");
+        std::fs::write(&path, include_str!("../../scheduling/testdata/volcano-device-config.yaml")).unwrap();
+        let config = format!("--config={}", path.display());
+        let flavours = settings(&Cli::try_parse_from([&base[..], &[config.as_str()]].concat()).unwrap().args).unwrap();
+        let counts: Vec<&str> = flavours.iter().map(|f| f.count_resource.as_str()).collect();
+        assert_eq!(counts, ["nvidia.com/gpu", "volcano.sh/vgpu-number"], "volcano-vgpu's file leaves HAMi's names alone");
     }
 
     #[test]
     fn volcano_flags_set_the_volcano_settings() {
         let base = ["x", "--url=https://127.0.0.1:1/mutate-pods", "--namespace=vgpu"];
-        let parse = |extra: &[&str]| settings(&Cli::try_parse_from([&base[..], extra].concat()).unwrap().args).unwrap().volcano;
+        let parse = |extra: &[&str]| {
+            let flavours = settings(&Cli::try_parse_from([&base[..], extra].concat()).unwrap().args).unwrap();
+            assert!(flavours.iter().all(|f| f.volcano == flavours[0].volcano), "every set gets the flags");
+            flavours[0].volcano.clone()
+        };
         let set = parse(&["--volcano-scheduler-names=vc-a,vc-b", "--volcano-cpu-request=5m"]);
         assert_eq!(set.scheduler_names, ["vc-a", "vc-b"]);
         assert_eq!(set.cpu_request.map(|q| q.to_string()).as_deref(), Some("5m"));
