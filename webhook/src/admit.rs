@@ -23,6 +23,7 @@ use tokio::sync::Mutex;
 use vgpu_scheduling::compat::convert_volcano_job;
 use vgpu_scheduling::{ClassFacts, CompatSettings, convert_pod};
 
+use crate::flavours::{job_resource_names, pick, pod_resource_names};
 use crate::metrics::{Metrics, Outcome};
 use crate::review::{self, Decision};
 
@@ -136,25 +137,9 @@ impl<C: Cluster> Admitter<C> {
         &self.flavours[0]
     }
 
-    /// The flavour to convert an object naming `names` with: the one whose names it uses, or
-    /// whose MIG names it uses (to deny them). `Ok(None)`: none of ours. A denial message when
-    /// it names resources of two flavours: one object is converted with one set of names.
-    fn flavour(&self, kind: &str, names: &[(String, String)]) -> Result<Option<&CompatSettings>, String> {
-        let named = |f: &CompatSettings| names.iter().find(|(_, n)| f.resource_names().contains(&n.as_str())).cloned();
-        let users: Vec<(&CompatSettings, (String, String))> =
-            self.flavours.iter().filter_map(|f| named(f).map(|first| (f, first))).collect();
-        match users.as_slice() {
-            [] => Ok(self.flavours.iter().find(|f| names.iter().any(|(_, n)| f.is_mig(n)))),
-            [(one, _)] => Ok(Some(one)),
-            [(_, (c1, n1)), (_, (c2, n2)), ..] => Err(format!(
-                "vgpu-dra webhook: the {kind} mixes two sets of GPU resource names: container {c1:?} asks for {n1} and container {c2:?} for {n2}; write all its GPU resources with one set (HAMi's nvidia.com/* or Volcano's volcano.sh/vgpu-*)"
-            )),
-        }
-    }
-
     /// `flavour` for an object, with a denial counted and answered when it mixes flavours.
     fn flavour_or_deny(&self, kind: &str, names: &[(String, String)]) -> Result<Option<&CompatSettings>, (Outcome, Decision)> {
-        self.flavour(kind, names).map_err(|message| {
+        pick(&self.flavours, kind, names).map_err(|message| {
             self.metrics.denied("mixed_names");
             (Outcome::Denied, Decision::Deny { message })
         })
@@ -335,38 +320,6 @@ impl<C: Cluster> Admitter<C> {
 
 fn unchanged() -> (Outcome, Decision) {
     (Outcome::Unchanged, Decision::Allow { patch: Vec::new(), warnings: Vec::new() })
-}
-
-/// The resource names in the limits and requests of every task's pod template, each with its
-/// container's name.
-fn job_resource_names(job: &serde_json::Value) -> Vec<(String, String)> {
-    let tasks = job.pointer("/spec/tasks").and_then(serde_json::Value::as_array);
-    let containers = tasks.into_iter().flatten().filter_map(|t| t.pointer("/template/spec")).flat_map(|spec| {
-        ["initContainers", "containers"]
-            .into_iter()
-            .filter_map(|field| spec.get(field).and_then(serde_json::Value::as_array))
-            .flatten()
-    });
-    let mut names = Vec::new();
-    for c in containers {
-        let name = c.get("name").and_then(serde_json::Value::as_str).unwrap_or_default();
-        let maps =
-            c.get("resources").into_iter().flat_map(|r| ["limits", "requests"].into_iter().filter_map(|f| r.get(f)?.as_object()));
-        names.extend(maps.flat_map(|m| m.keys()).map(|k| (name.to_owned(), k.clone())));
-    }
-    names
-}
-
-/// The resource names in the limits and requests of every container, each with its container's
-/// name.
-fn pod_resource_names(pod: &Pod) -> Vec<(String, String)> {
-    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
-    let mut names = Vec::new();
-    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
-        let maps = c.resources.iter().flat_map(|r| [&r.limits, &r.requests].into_iter().flatten());
-        names.extend(maps.flat_map(|m| m.keys()).map(|k| (c.name.clone(), k.clone())));
-    }
-    names
 }
 
 /// A refusal for a cluster failure: the pod cannot be converted now, and letting it through
