@@ -2,12 +2,12 @@
 //! files (from spares made ahead when there are some), written and fsynced beside their names.
 
 use cdi_spec::{SpecDir, StagedSpec};
+use vgpu_dra_runtime::sync::lock;
 
 use super::State;
 use crate::plugin::error::{PrepareError, chain};
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, StagedRecord};
-use crate::plugin::storage::spares::Spares;
 
 /// A claim's checkpoint record (durable) and spec, written beside their names, not yet visible.
 pub(super) struct StagedClaim {
@@ -49,12 +49,6 @@ impl Stager {
     }
 }
 
-/// The spare files; a panic while they were held cannot leave them half-updated (one push, pop
-/// or counter change at a time).
-fn lock_spares(spares: &std::sync::Mutex<Spares>) -> std::sync::MutexGuard<'_, Spares> {
-    vgpu_dra_runtime::sync::lock(spares)
-}
-
 /// The output of a finished blocking task; its panic goes on in the caller.
 fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
     result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
@@ -66,7 +60,7 @@ impl State {
         let storage = (self.storage.checkpoint.clone(), self.storage.specs.clone());
         let (checkpoint, specs) = storage.clone();
         let toolkit = self.toolkit_lookup();
-        let spare = lock_spares(&self.spares).files.pop();
+        let spare = lock(&self.spares).files.pop();
         let work = tokio::task::spawn_blocking(move || {
             let toolkit = toolkit.map(|lookup| lookup()).unwrap_or_default();
             let files = match spare {
@@ -83,7 +77,7 @@ impl State {
     /// Makes temp files for the next prepares on blocking threads, up to
     /// [`StateOptions::spare_files`]; no prepare waits for them.
     pub(super) fn make_spares(&self) {
-        let mut spares = lock_spares(&self.spares);
+        let mut spares = lock(&self.spares);
         let missing = self.options.spare_files.saturating_sub(spares.files.len() + spares.making);
         spares.making += missing;
         drop(spares);
@@ -91,7 +85,7 @@ impl State {
             let (checkpoint, specs, pool) = (self.storage.checkpoint.clone(), self.storage.specs.clone(), self.spares.clone());
             tokio::task::spawn_blocking(move || {
                 let made = (checkpoint.reserve(), specs.reserve());
-                let mut spares = lock_spares(&pool);
+                let mut spares = lock(&pool);
                 spares.making -= 1;
                 match made {
                     (Ok(record), Ok(spec)) => spares.files.push((record, spec)),
