@@ -109,7 +109,6 @@ impl Telemetry {
 /// The daemon's parts, built and not yet running.
 pub struct App {
     paths: Paths,
-    driver: String,
     state: Arc<State>,
     node_pods: Option<NodePods>,
     client: kube::Client,
@@ -175,7 +174,6 @@ impl App {
                 .with_metrics(telemetry.publish.clone());
         Ok(Self {
             paths,
-            driver,
             state: Arc::new(state),
             node_pods,
             client,
@@ -192,20 +190,9 @@ impl App {
     /// Starts every part; the handle ends when all have stopped. A part that cannot go on
     /// (the kubelet's sockets, the metrics endpoint) cancels the others.
     pub fn spawn(self, cancel: &CancellationToken) -> JoinHandle<()> {
-        let Self {
-            paths,
-            driver,
-            state,
-            node_pods,
-            client,
-            publisher,
-            snapshots,
-            config,
-            pool,
-            telemetry,
-            metrics_address,
-            state_check,
-        } = self;
+        let Self { paths, state, node_pods, client, publisher, snapshots, config, pool, telemetry, metrics_address, state_check } =
+            self;
+        let driver = config.driver_name.to_string();
         let pod_watch = node_pods.map(|pods| tokio::spawn(pods.run(client, DEFAULT_API_TIMEOUT, cancel.clone())));
         let maintenance = tokio::spawn(state.clone().maintain(state_check, cancel.clone()));
         let registered = Arc::new(AtomicBool::new(false));
