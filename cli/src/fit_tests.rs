@@ -58,6 +58,16 @@ fn memory_short_names_the_amount_missing_after_rounding() {
 }
 
 #[test]
+fn cores_0_is_short_on_a_card_whose_cores_are_all_held_as_hami_refuses_it() {
+    let f = fit(&ask(&[("memory", "1Gi"), ("cores", "0")]), &card(15360, 10), &used("4Gi", "100", "1"));
+    assert_eq!(f.reasons.len(), 1, "{f:?}");
+    assert_eq!(f.reasons[0].to_string(), "cores short by 1m (asks 1m, 0 of 100 free)");
+    let f = fit(&ask(&[("memory", "1Gi"), ("cores", "0")]), &card(15360, 10), &used("4Gi", "99", "1"));
+    assert!(f.fits(), "{f:?}");
+    assert_eq!(f.consumes["cores"], "1m");
+}
+
+#[test]
 fn cores_and_shares_are_checked_with_their_defaults() {
     // Source document 003: a T4 with two 4Gi/50 claims; memory has room, cores do not.
     let f = fit(&ask(&[("memory", "4Gi"), ("cores", "50")]), &card(15360, 10), &used("8Gi", "100", "2"));

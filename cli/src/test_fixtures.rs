@@ -34,7 +34,7 @@ pub fn device(name: &str, product: &str, memory_mib: u64, split: u32) -> Value {
         },
         "capacity": {
             "memory": {"value": memory, "requestPolicy": {"default": memory, "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"}}},
-            "cores": {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+            "cores": {"value": "100", "requestPolicy": {"default": "100", "validRange": {"min": "1m", "max": "100", "step": "1m"}}},
             "shares": {"value": split.to_string(), "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": split.to_string(), "step": "1"}}},
         },
     })

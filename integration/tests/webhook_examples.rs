@@ -287,7 +287,12 @@ fn check_request(claim: &Value, want: Ask, selectors: &[&str], cards: &[Card]) -
         for alt in &alternatives {
             ensure!(alt["deviceClassName"] == DRIVER && alt["count"] == per_request, "{devices:#}");
             let asked = &alt["capacity"]["requests"];
-            ensure!(amount(&asked["cores"])? == want.cores, "cores: {devices:#}");
+            if want.cores == 100 {
+                // An exclusive card asks no cores amount: the policy's default, every core.
+                ensure!(asked.get("cores").is_none(), "cores 100 asks every core: {devices:#}");
+            } else {
+                ensure!(amount(&asked["cores"])? == want.cores, "cores: {devices:#}");
+            }
             match want.memory {
                 Mem::Whole => ensure!(asked.get("memory").is_none(), "a whole card asks no memory: {devices:#}"),
                 Mem::Mib(m) => ensure!(amount(&asked["memory"])? == m * MIB, "memory: {devices:#}"),
@@ -328,7 +333,12 @@ fn check_allocation(results: &[Value], want: Ask, cards: &[Card]) -> anyhow::Res
             cards.iter().find(|c| r["pool"] == c.node.as_str() && r["device"] == c.device.as_str()).context("unknown device")?;
         let consumed = &r["consumedCapacity"];
         ensure!(amount(&consumed["memory"])? == want.memory.bytes_of(card.memory), "memory on {card:?}");
-        ensure!(amount(&consumed["cores"])? == want.cores, "cores on {card:?}");
+        if want.cores == 0 {
+            // The least a share takes: it keeps cores 0 off a card whose cores are all held.
+            ensure!(consumed["cores"] == "1m", "cores 0 on {card:?}: {consumed}");
+        } else {
+            ensure!(amount(&consumed["cores"])? == want.cores, "cores on {card:?}: {consumed}");
+        }
         used.push(card.clone());
     }
     let distinct: BTreeSet<(&str, &str)> = used.iter().map(|c| (c.node.as_str(), c.device.as_str())).collect();

@@ -146,8 +146,16 @@ fn card_attributes(inventory: &Inventory, gpu: &Gpu) -> BTreeMap<String, Attribu
     a
 }
 
+/// The least `cores` any allocation takes: a request of 0 (HAMi's "no SM limit") is raised to
+/// it by the scheduler. So a card whose cores are all held takes no cores-0 share, and a share
+/// that takes all the cores (the default when a claim names none) has the card to itself, both
+/// as HAMi's fit rules say. Below one percent it is no SM limit ([`crate::limits::sm_limit`]).
+pub const MIN_CORES: Quantity = Quantity::from_milli(1);
+
 /// The three capacities for a device of `memory_bytes`, scaled by the configuration. Memory is
-/// rounded down to whole MiB so that the 1Mi step grid ends exactly at the total.
+/// rounded down to whole MiB so that the 1Mi step grid ends exactly at the total. Cores step by
+/// [`MIN_CORES`] from [`MIN_CORES`]: the scheduler rounds on whole values, so a request of 30
+/// consumes exactly 30, and only a request below the minimum consumes the minimum.
 fn capacities(memory_bytes: u64, config: &SharingConfig) -> BTreeMap<String, Capacity> {
     let mib = Quantity::from_bytes(MIB);
     let memory = config.memory_scaling.apply(Quantity::from_bytes(memory_bytes / MIB * MIB), mib);
@@ -159,7 +167,7 @@ fn capacities(memory_bytes: u64, config: &SharingConfig) -> BTreeMap<String, Cap
     };
     BTreeMap::from([
         (CAPACITY_MEMORY.to_owned(), Capacity { value: memory, policy: range(memory, mib, memory, mib) }),
-        (CAPACITY_CORES.to_owned(), Capacity { value: cores, policy: range(cores, Quantity::ZERO, cores, one) }),
+        (CAPACITY_CORES.to_owned(), Capacity { value: cores, policy: range(cores, MIN_CORES, cores, MIN_CORES) }),
         (CAPACITY_SHARES.to_owned(), Capacity { value: shares, policy: range(one, one, shares, one) }),
     ])
 }

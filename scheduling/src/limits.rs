@@ -73,10 +73,12 @@ pub fn memory_limit(bytes: Quantity) -> String {
     format!("{mib}m")
 }
 
-/// `CUDA_DEVICE_SM_LIMIT` value: exactly what the share consumed (0 and 100 mean no throttling to
-/// HAMi-core, as the consumed share then says).
+/// `CUDA_DEVICE_SM_LIMIT` value: the whole percent the share consumed, rounded down and at most
+/// 100 (0 and 100 mean no throttling to HAMi-core). A share below one percent is the minimal
+/// charge of a request for 0 cores ([`crate::device::MIN_CORES`]): HAMi's "no limit", so 0.
 pub fn sm_limit(cores: Quantity) -> String {
-    cores.value_ceil().unwrap_or(0).max(0).to_string()
+    let whole = cores.nanos().div_euclid(1_000_000_000).clamp(0, 100);
+    whole.to_string()
 }
 
 /// The environment for a container holding `shares` (in CUDA order), with the shared cache file
@@ -152,10 +154,16 @@ mod tests {
     }
 
     #[test]
-    fn sm_limits_are_what_was_consumed() {
+    fn sm_limits_are_the_whole_percent_consumed_and_the_minimal_charge_is_no_limit() {
         assert_eq!(sm_limit(q("50")), "50");
         assert_eq!(sm_limit(q("0")), "0");
         assert_eq!(sm_limit(q("100")), "100");
+        // What a cores-0 request consumes is HAMi's "no limit", not 1 %.
+        assert_eq!(sm_limit(crate::device::MIN_CORES), "0");
+        assert_eq!(sm_limit(q("999m")), "0");
+        assert_eq!(sm_limit(q("30500m")), "30", "never more than was consumed");
+        // A card with scaled cores (deviceCoreScaling 2) taken whole is still one card's SMs.
+        assert_eq!(sm_limit(q("200")), "100");
     }
 
     #[test]

@@ -86,6 +86,11 @@ impl Quantity {
         Self { nanos: value as i128 * NANOS_PER_UNIT, format }
     }
 
+    /// `value / 1000`, printed with decimal suffixes (`from_milli(1)` prints `1m`).
+    pub const fn from_milli(value: i64) -> Self {
+        Self { nanos: value as i128 * (NANOS_PER_UNIT / 1000), format: Format::DecimalSI }
+    }
+
     /// A byte count printed with binary suffixes.
     pub fn from_bytes(bytes: u64) -> Self {
         Self { nanos: i128::from(bytes) * NANOS_PER_UNIT, format: Format::BinarySI }

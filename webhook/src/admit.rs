@@ -20,7 +20,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
-use vgpu_scheduling::compat::convert_volcano_job;
+use vgpu_scheduling::compat::{CardModel, convert_volcano_job};
 use vgpu_scheduling::{ClassFacts, CompatSettings, convert_pod};
 
 use crate::flavours::{job_resource_names, pick, pod_resource_names};
@@ -340,6 +340,8 @@ pub struct KubeCluster {
     cache: Arc<Mutex<Option<(Instant, ClassFacts)>>>,
     /// Templates known to exist, by namespace and name, with when that was last confirmed.
     known: Arc<std::sync::Mutex<HashMap<(String, String), Instant>>>,
+    /// Card models named by configuration, offered whether or not a node publishes them now.
+    card_models: Vec<CardModel>,
 }
 
 /// How long a template confirmed to exist with our content is not asked for again: pods of one
@@ -358,7 +360,21 @@ impl std::fmt::Debug for KubeCluster {
 impl KubeCluster {
     /// A cluster reading slices of `driver` through `client`.
     pub fn new(client: kube::Client, driver: &str, timeout: Duration, cache_for: Duration) -> Self {
-        Self { client, driver: driver.to_owned(), timeout, cache_for, cache: Arc::default(), known: Arc::default() }
+        Self {
+            client,
+            driver: driver.to_owned(),
+            timeout,
+            cache_for,
+            cache: Arc::default(),
+            known: Arc::default(),
+            card_models: Vec::new(),
+        }
+    }
+
+    /// This cluster offering `models` besides the published ones (`--card-model`).
+    #[must_use]
+    pub fn with_card_models(self, models: &[CardModel]) -> Self {
+        Self { card_models: models.to_vec(), ..self }
     }
 
     /// The known-templates map; a poisoned lock only means a panicking admission, and the map
@@ -379,7 +395,7 @@ impl KubeCluster {
             .await
             .map_err(|_| AdmitError::Timeout { what: "listing ResourceSlices".into(), timeout: self.timeout })?
             .map_err(|source| AdmitError::ListSlices { driver: self.driver.clone(), source })?;
-        Ok(ClassFacts::from_slices(&list.items, &self.driver))
+        Ok(ClassFacts::from_slices(&list.items, &self.driver).with_models(self.card_models.iter().cloned()))
     }
 }
 

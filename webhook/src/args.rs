@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use vgpu_scheduling::Quantity;
-use vgpu_scheduling::compat::{DEFAULT_CPU_REQUEST, VOLCANO_SCHEDULER};
+use vgpu_scheduling::compat::{CardModel, DEFAULT_CPU_REQUEST, VOLCANO_SCHEDULER};
 
 /// Arguments of `vgpu-dra webhook`.
 #[derive(Debug, Clone, clap::Args)]
@@ -84,6 +84,17 @@ pub struct WebhookArgs {
     /// capability), where under HAMi its GPU resources made it request something. `0` adds none.
     #[arg(long, env = "VGPU_DRA_WEBHOOK_VOLCANO_CPU_REQUEST", default_value = DEFAULT_CPU_REQUEST, value_parser = parse_cpu_request)]
     pub volcano_cpu_request: Quantity,
+    /// Deny a pod that no node published at this moment can hold (more cards than the largest
+    /// node, more memory than the largest card). Off: it is admitted with a warning and waits,
+    /// as under HAMi, until a node that fits joins (an autoscaler adds one only for a pending
+    /// pod).
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_STRICT_FIT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub strict_fit: bool,
+    /// Card models the cluster may have without a node publishing them now, as
+    /// `PRODUCT NAME=MEMORY` (`NVIDIA A100-SXM4-80GB=81920Mi`; `;`-separated or repeated): a
+    /// memory percentage is expressed for these too, so its pod waits for such a node.
+    #[arg(long = "card-model", env = "VGPU_DRA_WEBHOOK_CARD_MODELS", value_delimiter = ';', value_parser = CardModel::parse)]
+    pub card_models: Vec<CardModel>,
     /// Address of the plain-HTTP metrics and health endpoint; none when absent.
     #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,
@@ -271,5 +282,22 @@ mod tests {
         ] {
             assert!(parse(&[bad]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn fit_flags_default_to_waiting_and_name_card_models() {
+        let base = ["x", "--namespace=vgpu", "--service-name=s"];
+        let parse = |extra: &[&str]| Cli::try_parse_from([&base[..], extra].concat()).map(|c| c.args);
+        let default = parse(&[]).unwrap();
+        assert!(!default.strict_fit, "waiting, as HAMi, unless asked");
+        assert!(default.card_models.is_empty());
+        let set = parse(&["--strict-fit=true", "--card-model=NVIDIA A100-SXM4-80GB=80Gi;Tesla T4=15Gi", "--card-model=L4=24Gi"])
+            .unwrap();
+        assert!(set.strict_fit);
+        let names: Vec<&str> = set.card_models.iter().map(|m| m.product_name.as_str()).collect();
+        assert_eq!(names, ["NVIDIA A100-SXM4-80GB", "Tesla T4", "L4"]);
+        assert_eq!(set.card_models[1].memory_bytes, 15 << 30);
+        let e = parse(&["--card-model=Tesla T4"]).unwrap_err().to_string();
+        assert!(e.contains("NAME=MEMORY"), "{e}");
     }
 }

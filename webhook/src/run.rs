@@ -177,6 +177,7 @@ pub fn settings(args: &WebhookArgs) -> Result<Vec<CompatSettings>, RunError> {
             driver: driver.clone(),
             device_class: device_class.clone(),
             volcano: volcano_settings.clone(),
+            strict_fit: args.strict_fit,
             ..flavour
         };
         if !flavours.iter().any(|f| f.resource_names() == flavour.resource_names()) {
@@ -275,7 +276,7 @@ async fn serve(
         _ => None,
     };
     let driver = flavours.first().map(|f| f.driver.clone()).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
-    let cluster = KubeCluster::new(client.clone(), &driver, API_TIMEOUT, SLICE_CACHE);
+    let cluster = KubeCluster::new(client.clone(), &driver, API_TIMEOUT, SLICE_CACHE).with_card_models(&args.card_models);
     let registration = registration_of(args, &flavours, endpoint, Some(bundle.ca_pem.clone()), owner);
     let mut flavours = flavours.into_iter();
     let mut admitter = Admitter::new(flavours.next().unwrap_or_default(), cluster, metrics.clone());

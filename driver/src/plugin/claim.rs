@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use vgpu_scheduling::device::CAPACITY_CORES;
 use vgpu_scheduling::{
     Consumption, DeviceName, DriverName, NameError, Namespace, ObjectName, PublishedDevice, Quantity, ShareKey, Uid,
 };
@@ -289,8 +290,14 @@ fn consumption_of(r: &DeviceRequestAllocationResult, dev: &PublishedDevice, labe
             None => capacity.consumed_by(None).unwrap_or(capacity.value),
         };
         // Every share takes at least the policy minimum of every capacity (1Mi of memory,
-        // one of the split count), whatever the claim's status says.
-        let minimum = capacity.policy.as_ref().and_then(vgpu_scheduling::RequestPolicy::minimum).unwrap_or(Quantity::ZERO);
+        // one of the split count), whatever the claim's status says. Cores are the exception:
+        // releases before the cores minimum allocated 0, which means what the minimum means
+        // (no SM limit), so a claim allocated before an upgrade still prepares.
+        let minimum = match capacity.policy.as_ref().and_then(vgpu_scheduling::RequestPolicy::minimum) {
+            Some(_) if name == CAPACITY_CORES => Quantity::ZERO,
+            Some(minimum) => minimum,
+            None => Quantity::ZERO,
+        };
         if amount < minimum || amount.is_negative() {
             return Err(ClaimError::BelowMinimum {
                 claim: label.to_owned(),

@@ -78,8 +78,12 @@ fn every_share_takes_at_least_each_policy_minimum() {
         assert!(matches!(err, ClaimError::BelowMinimum { .. }), "{capacity}={zero}: {err}");
         assert!(err.to_string().contains(&format!("consumedCapacity {capacity}")), "{err}");
     }
-    // Zero cores is what the policy allows (no core limit), so it stands.
+    // Zero cores, as releases before the 1m cores minimum allocated it, is no core limit,
+    // as the minimum is: it stands. Negative cores do not.
     assert!(check(&claim("", &OURS.replace("cores: \"50\"", "cores: \"0\""))).is_ok());
+    assert!(check(&claim("", &OURS.replace("cores: \"50\"", "cores: \"1m\""))).is_ok());
+    let negative = check(&claim("", &OURS.replace("cores: \"50\"", "cores: \"-1\""))).unwrap_err();
+    assert!(matches!(negative, ClaimError::BelowMinimum { .. }), "{negative}");
 }
 
 #[test]

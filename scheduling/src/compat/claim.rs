@@ -187,15 +187,25 @@ pub fn claim_spec(
     })
 }
 
-/// The capacity a card's share asks for: `cores`, and `memory` bytes when given (none: the
-/// device's policy default, the whole card).
+/// The capacity a card's share asks for: `memory` bytes when given (none: the device's policy
+/// default, the whole card), and `cores`.
+///
+/// HAMi's fit rules follow from the device's `cores` policy ([`crate::device::MIN_CORES`]):
+/// - cores 100 asks for no `cores` amount, so it takes the policy default, every core of the
+///   card (under `deviceCoreScaling` too): it lands only on a card no one holds, and no later
+///   share fits beside it, since every share takes at least the minimum;
+/// - cores 0 asks for 0, which the scheduler raises to the minimum: it does not fit a card
+///   whose cores are all held, and it is still no SM limit.
 fn capacity(cores: u32, memory: Option<u64>) -> Option<CapacityRequirements> {
-    let mut requests = BTreeMap::from([(CAPACITY_CORES.to_owned(), KubeQuantity(cores.to_string()))]);
+    let mut requests = BTreeMap::new();
+    if cores < 100 {
+        requests.insert(CAPACITY_CORES.to_owned(), KubeQuantity(cores.to_string()));
+    }
     if let Some(bytes) = memory {
         // Plain bytes: the API server keeps `4294967296` as HAMi-DRA's claims show it.
         requests.insert(CAPACITY_MEMORY.to_owned(), KubeQuantity(bytes.to_string()));
     }
-    Some(CapacityRequirements { requests: Some(requests) })
+    (!requests.is_empty()).then_some(CapacityRequirements { requests: Some(requests) })
 }
 
 /// The requests for `percent` of each card's memory: a prioritized list over `models`, one
@@ -265,7 +275,11 @@ fn percent_models(
 ) -> Result<Vec<CardModel>, CompatError> {
     let resource = || settings.memory_percentage_resource.clone();
     if facts.models.is_empty() {
-        return Err(CompatError::NoCardModel { container: container.into(), resource: resource(), reason: "is published yet" });
+        return Err(CompatError::NoCardModel {
+            container: container.into(),
+            resource: resource(),
+            reason: "is published yet nor named by the webhook's --card-model",
+        });
     }
     let models: Vec<CardModel> = facts.models.iter().filter(|m| selection.allows_model(&m.product_name)).cloned().collect();
     if models.is_empty() {

@@ -35,8 +35,9 @@ fn seed_pod_becomes_the_seed_claim_request() {
 fn whole_cards_ask_no_memory_and_several_cards_are_distinct() {
     let got = spec(&req(2, MemoryRequest::WholeCard, 100), &Selection::default(), &t4_facts()).unwrap();
     let devices = &got["spec"]["devices"];
-    // No memory request: the device's policy default (the whole card) is consumed.
-    assert_eq!(devices["requests"][0]["exactly"]["capacity"], json!({"requests": {"cores": "100"}}));
+    // No memory and no cores request: the device's policy defaults (the whole card, every
+    // core) are consumed, which keeps the card to this claim alone.
+    assert!(devices["requests"][0]["exactly"].get("capacity").is_none(), "{devices}");
     assert_eq!(devices["requests"][0]["exactly"]["count"], 2);
     assert_eq!(devices["constraints"], json!([{"distinctAttribute": "hami-core-gpu.project-hami.io/uuid", "requests": ["gpu"]}]));
     let one = spec(&req(1, MemoryRequest::WholeCard, 100), &Selection::default(), &t4_facts()).unwrap();
@@ -122,7 +123,7 @@ fn percentages_that_cannot_be_expressed_are_denied() {
     let e = spec(&pct, &Selection::default(), &ClassFacts::default()).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "container \"cuda\": nvidia.com/gpumem-percentage: no card of the class is published yet, so a percentage of its memory cannot be expressed"
+        "container \"cuda\": nvidia.com/gpumem-percentage: no card of the class is published yet nor named by the webhook's --card-model, so a percentage of its memory cannot be expressed"
     );
     let no_t4 = Selection::from_annotations(&annotations(&[(ANNOTATION_NOUSE_TYPE, "T4")]));
     assert_eq!(spec(&pct, &no_t4, &t4_facts()).unwrap_err().reason(), "no_card_model");
@@ -235,4 +236,152 @@ fn class_facts_come_from_the_drivers_slices() {
 
 fn mixed_facts_with(max_cards_per_node: u32) -> ClassFacts {
     ClassFacts { max_cards_per_node, ..mixed_facts() }
+}
+
+/// HAMi's fit rules, as the scheduler applies the published policies to converted claims: one
+/// card, claims arriving and leaving in any order, each placed when every capacity it consumes
+/// still fits (the scheduler's check, with [`crate::Capacity::consumed_by`]'s rounding).
+mod fit_rules {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::{Ratio, SharingConfig};
+    use crate::device::{CAPACITY_SHARES, PublishedDevice};
+    use crate::model::{Gpu, Health, Inventory};
+    use crate::{Quantity, publish};
+
+    fn card(split: u32, core_scaling: &str) -> PublishedDevice {
+        let gpu = Gpu {
+            uuid: "GPU-0".into(),
+            minor: 0,
+            index: 0,
+            product_name: "Tesla T4".into(),
+            brand: "Tesla".into(),
+            memory_bytes: T4_BYTES,
+            architecture: String::new(),
+            compute_capability: (7, 5),
+            pci_bus_id: String::new(),
+            pcie_root: None,
+            multiprocessors: 40,
+            mig: None,
+            health: Health::Healthy,
+        };
+        let config = SharingConfig {
+            device_split_count: split,
+            core_scaling: Ratio::parse("deviceCoreScaling", core_scaling).unwrap(),
+            ..SharingConfig::default()
+        };
+        let inventory = Inventory { driver_version: "550.54.15".into(), cuda_driver_version: (12, 4), gpus: vec![gpu] };
+        publish(&inventory, &config).remove(0)
+    }
+
+    /// What a converted container of `cores` and `mib` consumes of `card`, or `None` when a
+    /// policy refuses it outright.
+    fn consumption(card: &PublishedDevice, cores: u32, mib: u64) -> Option<Vec<(String, Quantity)>> {
+        let memory = if mib == 0 { MemoryRequest::WholeCard } else { MemoryRequest::Bytes(mib * MIB) };
+        let spec = claim_spec("c", &req(1, memory, cores), &Selection::default(), &CompatSettings::hami(), &t4_facts()).unwrap();
+        let request = spec.spec.devices.unwrap().requests.unwrap().remove(0).exactly.unwrap();
+        let asked = request.capacity.and_then(|c| c.requests).unwrap_or_default();
+        card.capacity
+            .iter()
+            .map(|(name, capacity)| {
+                let q = asked.get(name).map(|q| Quantity::parse(&q.0).unwrap());
+                capacity.consumed_by(q).ok().map(|c| (name.clone(), c))
+            })
+            .collect()
+    }
+
+    fn fits(card: &PublishedDevice, held: &[Vec<(String, Quantity)>], new: &[(String, Quantity)]) -> bool {
+        new.iter().all(|(name, amount)| {
+            let used =
+                held.iter().flatten().filter(|(n, _)| n == name).fold(Quantity::ZERO, |a, (_, q)| a.checked_add(*q).unwrap());
+            used.checked_add(*amount).unwrap() <= card.capacity[name].value
+        })
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Arrive { cores: u32, mib: u64 },
+        Leave(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (prop_oneof![Just(0u32), Just(100u32), 1u32..100], prop_oneof![Just(0u64), 1u64..8000])
+                .prop_map(|(cores, mib)| Step::Arrive { cores, mib }),
+            (0usize..16).prop_map(Step::Leave),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn cores_100_is_alone_and_cores_0_never_joins_a_card_whose_cores_are_all_held(
+            split in 1u32..12,
+            scaling in prop_oneof![Just("1"), Just("2"), Just("1.5")],
+            steps in proptest::collection::vec(step(), 1..40),
+        ) {
+            let card = card(split, scaling);
+            let mut held: Vec<(u32, Vec<(String, Quantity)>)> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Leave(i) => if !held.is_empty() { held.remove(i % held.len()); },
+                    Step::Arrive { cores, mib } => {
+                        let Some(new) = consumption(&card, cores, mib) else { continue };
+                        let shares: Vec<_> = held.iter().map(|(_, c)| c.clone()).collect();
+                        let cores_used = shares.iter().flatten().filter(|(n, _)| n == CAPACITY_CORES)
+                            .fold(Quantity::ZERO, |a, (_, q)| a.checked_add(*q).unwrap());
+                        let placed = fits(&card, &shares, &new);
+                        if cores == 100 {
+                            prop_assert_eq!(placed, held.is_empty() && mib * MIB <= T4_BYTES, "cores 100 takes only an unheld card");
+                        }
+                        if cores == 0 && cores_used >= card.capacity[CAPACITY_CORES].value {
+                            prop_assert!(!placed, "cores 0 joined a card whose cores are all held");
+                        }
+                        if placed {
+                            held.push((cores, new));
+                        }
+                    }
+                }
+                if held.iter().any(|(cores, _)| *cores == 100) {
+                    prop_assert_eq!(held.len(), 1, "a cores-100 share has company");
+                }
+                prop_assert!(held.len() <= split as usize);
+                let shares_used: usize = held.len();
+                prop_assert!(shares_used <= card.capacity[CAPACITY_SHARES].value.value_ceil().unwrap() as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn the_minimal_cores_charge_is_no_sm_limit_and_cores_100_the_whole_card() {
+        let card = card(10, "1");
+        let zero = consumption(&card, 0, 1000).unwrap();
+        let cores = |c: &[(String, Quantity)]| c.iter().find(|(n, _)| n == CAPACITY_CORES).unwrap().1;
+        assert_eq!(cores(&zero), crate::device::MIN_CORES);
+        assert_eq!(crate::limits::sm_limit(cores(&zero)), "0");
+        assert_eq!(cores(&consumption(&card, 30, 1000).unwrap()).to_string(), "30");
+        let scaled = card_scaled();
+        assert_eq!(cores(&consumption(&scaled, 100, 1000).unwrap()).to_string(), "200", "every core, scaled or not");
+        assert_eq!(crate::limits::sm_limit(cores(&consumption(&scaled, 100, 1000).unwrap())), "100");
+    }
+
+    fn card_scaled() -> PublishedDevice {
+        card(10, "2")
+    }
+}
+
+#[test]
+fn card_models_from_flags_parse_and_make_a_percentage_expressible_before_any_node() {
+    let a100 = CardModel::parse("NVIDIA A100-SXM4-80GB=81920Mi").unwrap();
+    assert_eq!((a100.product_name.as_str(), a100.memory_bytes), ("NVIDIA A100-SXM4-80GB", 81920 * MIB));
+    for bad in ["Tesla T4", "=15Gi", "Tesla T4=lots", "Tesla T4=0", "Tesla T4=-1Gi", "Tesla T4=1.5"] {
+        let e = CardModel::parse(bad).unwrap_err();
+        assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
+    }
+    let request = req(1, MemoryRequest::Percent(50), 30);
+    assert!(spec(&request, &Selection::default(), &ClassFacts::default()).is_err());
+    let known = ClassFacts::default().with_models([a100]);
+    let got = spec(&request, &Selection::default(), &known).unwrap();
+    let memory = &got["spec"]["devices"]["requests"][0]["firstAvailable"][0]["capacity"]["requests"]["memory"];
+    assert_eq!(memory, &json!((40960 * MIB).to_string()));
 }

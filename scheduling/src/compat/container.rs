@@ -60,8 +60,9 @@ struct Value {
 /// # Errors
 /// [`CompatError`] naming the container and resource for a privileged container, MIG resources,
 /// unparseable or fractional values, values out of range, limits and requests that differ,
-/// memory with a percentage, memory larger than the largest card or a count larger than any
-/// node has.
+/// memory with a percentage, a count past what one claim can hold; and, only under
+/// [`CompatSettings::strict_fit`], memory larger than the largest card or a count larger than
+/// any node has now (otherwise these are warnings: the pod waits for such a node).
 pub fn container_ask(
     container: &Container,
     settings: &CompatSettings,
@@ -103,14 +104,24 @@ pub fn container_ask(
         });
         return Ok(Ask::NoDevice);
     }
-    let max = if facts.max_cards_per_node > 0 { u64::from(facts.max_cards_per_node).min(MAX_COUNT) } else { MAX_COUNT };
-    if count > max {
-        return Err(CompatError::TooManyCards {
-            container: name.into(),
-            resource: settings.count_resource.clone(),
-            count,
-            max: u32::try_from(max).unwrap_or(u32::MAX),
-        });
+    let too_many = |max: u64| CompatError::TooManyCards {
+        container: name.into(),
+        resource: settings.count_resource.clone(),
+        count,
+        max: u32::try_from(max).unwrap_or(u32::MAX),
+    };
+    if count > MAX_COUNT {
+        return Err(too_many(MAX_COUNT));
+    }
+    let largest_node = u64::from(facts.max_cards_per_node);
+    if largest_node > 0 && count > largest_node {
+        if settings.strict_fit {
+            return Err(too_many(largest_node));
+        }
+        warnings.push(format!(
+            "container {name:?}: {}: {count} cards is more than any node has now ({largest_node}): the pod waits until a node with {count} cards joins",
+            settings.count_resource
+        ));
     }
 
     let (memory_request, percent) = memory_of(name, memory.as_ref(), percentage.as_ref(), settings, facts, warnings)?;
@@ -148,7 +159,7 @@ fn memory_of(
         });
     }
     let percent = percentage.map(|v| whole(name, &settings.memory_percentage_resource, v, 100)).transpose()?;
-    let bytes = memory.map(|v| memory_bytes(name, &settings.memory_resource, v, settings, facts)).transpose()?;
+    let bytes = memory.map(|v| memory_bytes(name, &settings.memory_resource, v, settings, facts, warnings)).transpose()?;
     if percent == Some(0) || bytes == Some(0) {
         let resource = if percent.is_some() { &settings.memory_percentage_resource } else { &settings.memory_resource };
         warnings.push(format!("container {name:?}: {resource} 0 is taken as not set (as HAMi does): the default memory applies"));
@@ -248,7 +259,8 @@ fn fractional_gpu_hint(e: CompatError, settings: &CompatSettings) -> CompatError
 }
 
 /// Memory in bytes: a number is MiB times the memory factor (HAMi's unit), a quantity with a
-/// binary suffix (`16Gi`) is bytes as written. Checked against the largest card when known.
+/// binary suffix (`16Gi`) is bytes as written. Checked against the largest card when known:
+/// denied past it under [`CompatSettings::strict_fit`], else a warning that the pod waits.
 ///
 /// A decimal suffix (`2k`) or an exponent is still a number: the API server stores
 /// `volcano.sh/vgpu-memory: 2000` as `2k` before any webhook sees it, and HAMi reads the
@@ -259,6 +271,7 @@ fn memory_bytes(
     v: &Value,
     settings: &CompatSettings,
     facts: &ClassFacts,
+    warnings: &mut Vec<String>,
 ) -> Result<u64, CompatError> {
     let plain = !v.text.trim_end().ends_with('i');
     let out_of_range = |range: String| CompatError::OutOfRange {
@@ -292,8 +305,14 @@ fn memory_bytes(
         bytes
     };
     match facts.largest_memory() {
-        Some(largest) if bytes > largest => {
+        Some(largest) if bytes > largest && settings.strict_fit => {
             Err(CompatError::MemoryTooLarge { container: container.into(), resource: resource.into(), bytes, largest })
+        }
+        Some(largest) if bytes > largest => {
+            warnings.push(format!(
+                "container {container:?}: {resource}: {bytes} bytes is more than the largest card has now ({largest} bytes): the pod waits until a card that large joins"
+            ));
+            Ok(bytes)
         }
         _ => Ok(bytes),
     }

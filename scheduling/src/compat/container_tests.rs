@@ -171,7 +171,6 @@ fn bad_input_is_denied_naming_container_and_resource() {
         (&[(GPU, "1500m")], "not_whole", "nvidia.com/gpu: 1500m is not a whole number"),
         (&[(GPU, "-1")], "out_of_range", "nvidia.com/gpu: -1 is out of range, it must be 0 or more"),
         (&[(GPU, "one")], "bad_quantity", "container \"cuda\": nvidia.com/gpu: \"one\" is not a quantity"),
-        (&[(GPU, "3")], "too_many_cards", "nvidia.com/gpu: 3 cards is more than any node of the class has (2)"),
         (&[(PCT, "101")], "out_of_range", "nvidia.com/gpumem-percentage: 101 is out of range, it must be 0 to 100"),
         (&[(PCT, "-1")], "out_of_range", "nvidia.com/gpumem-percentage: -1 is out of range"),
         (&[(PCT, "50.5")], "not_whole", "nvidia.com/gpumem-percentage: 50.5 is not a whole number"),
@@ -181,12 +180,6 @@ fn bad_input_is_denied_naming_container_and_resource() {
             "memory_and_percentage",
             "container \"cuda\": nvidia.com/gpumem and nvidia.com/gpumem-percentage are both set",
         ),
-        (
-            &[(MEM, "15361")],
-            "memory_too_large",
-            "nvidia.com/gpumem: 16107175936 bytes is more than the largest card of the class has (16106127360 bytes)",
-        ),
-        (&[(MEM, "16Gi")], "memory_too_large", "nvidia.com/gpumem: 17179869184 bytes is more"),
         (&[(MEM, "512Ki")], "memory_too_small", "nvidia.com/gpumem: 512Ki is less than 1Mi"),
         (&[(MEM, "4096.5")], "not_whole", "nvidia.com/gpumem: 4096.5 is not a whole number"),
         (&[(MEM, "-1Gi")], "out_of_range", "nvidia.com/gpumem: -1Gi is out of range"),
@@ -204,6 +197,39 @@ fn bad_input_is_denied_naming_container_and_resource() {
         assert!(e.to_string().contains("\"cuda\""), "{limits:?}: {e}");
         assert_eq!(e.reason(), *reason, "{limits:?}");
     }
+}
+
+#[test]
+fn what_no_node_holds_now_waits_with_a_warning_and_is_denied_only_when_strict() {
+    let cases: &[Denial] = &[
+        (&[(GPU, "3")], "too_many_cards", "nvidia.com/gpu: 3 cards is more than any node of the class has (2)"),
+        (
+            &[(MEM, "15361")],
+            "memory_too_large",
+            "nvidia.com/gpumem: 16107175936 bytes is more than the largest card of the class has (16106127360 bytes)",
+        ),
+        (&[(MEM, "16Gi")], "memory_too_large", "nvidia.com/gpumem: 17179869184 bytes is more"),
+    ];
+    let strict = CompatSettings { strict_fit: true, ..CompatSettings::hami() };
+    for (limits, reason, want) in cases {
+        let e = ask_with(limits, &strict, &t4_facts()).0.unwrap_err();
+        assert!(e.to_string().contains(want), "{limits:?}: {e}");
+        assert_eq!(e.reason(), *reason, "{limits:?}");
+        // By default the pod is converted as asked and told why it may wait.
+        let (ask, warnings) = ask_with(limits, &CompatSettings::hami(), &t4_facts());
+        assert!(matches!(ask, Ok(Ask::Cards(_))), "{limits:?}: {ask:?}");
+        let resource = limits[0].0;
+        assert!(
+            warnings.iter().any(|w| w.contains("\"cuda\"") && w.contains(resource) && w.contains("the pod waits until")),
+            "{limits:?}: {warnings:?}"
+        );
+    }
+    // The cards asked are the cards requested, not the node's count.
+    let (ask, _) = ask_with(&[(GPU, "3")], &CompatSettings::hami(), &t4_facts());
+    assert!(matches!(ask, Ok(Ask::Cards(CardRequest { count: 3, .. }))), "{ask:?}");
+    // What fits today warns of nothing.
+    let (_, warnings) = ask_with(&[(GPU, "2"), (MEM, "15360")], &CompatSettings::hami(), &t4_facts());
+    assert!(warnings.is_empty(), "{warnings:?}");
 }
 
 #[test]

@@ -126,7 +126,7 @@ pub enum CompatError {
         container: String,
         /// Resource name.
         resource: String,
-        /// Why, in words (`is published yet`, `matches the pod's GPU type annotations`).
+        /// Why, in words (`is published yet nor named by ...`, `matches the pod's GPU type annotations`).
         reason: &'static str,
     },
     /// A percentage over more card models than a prioritized list holds.

@@ -68,6 +68,10 @@ pub struct CompatSettings {
     pub driver: String,
     /// How converted pods of Volcano's scheduler keep a request Volcano counts.
     pub volcano: VolcanoSettings,
+    /// Deny what no card or node published at this moment can hold (more cards than the largest
+    /// node, more memory than the largest card). Off by default: such a pod is admitted with a
+    /// warning and waits, as HAMi leaves it pending, until a node that fits joins.
+    pub strict_fit: bool,
 }
 
 impl Default for CompatSettings {
@@ -95,6 +99,7 @@ impl CompatSettings {
             device_class: DEFAULT_DRIVER_NAME.into(),
             driver: DEFAULT_DRIVER_NAME.into(),
             volcano: VolcanoSettings::default(),
+            strict_fit: false,
         };
         base.with_device_config(&HamiRequestSettings::default())
     }
@@ -168,6 +173,29 @@ pub struct CardModel {
     pub memory_bytes: u64,
 }
 
+impl CardModel {
+    /// `NAME=MEMORY` as a flag gives it (`NVIDIA A100-SXM4-80GB=81920Mi`): the product name as
+    /// the node publishes it and the card's published memory (times `deviceMemoryScaling`).
+    ///
+    /// # Errors
+    /// A message naming the value when there is no `=`, no name, a name over 64 characters or a
+    /// memory that is not a whole, positive number of bytes.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        let (name, memory) =
+            value.rsplit_once('=').ok_or_else(|| format!("{value:?}: a card model is NAME=MEMORY, e.g. \"Tesla T4=15Gi\""))?;
+        let name = name.trim();
+        if name.is_empty() || name.chars().count() > 64 {
+            return Err(format!("{value:?}: the product name must be 1 to 64 characters, as the node publishes it"));
+        }
+        let memory_bytes = Quantity::parse(memory.trim())
+            .ok()
+            .and_then(|q| q.as_u64_exact())
+            .filter(|b| *b > 0)
+            .ok_or_else(|| format!("{value:?}: the memory must be a whole number of bytes above 0, such as 15Gi"))?;
+        Ok(Self { product_name: name.to_owned(), memory_bytes })
+    }
+}
+
 /// What the class's ResourceSlices offer, for checks and percentages. Empty means unknown:
 /// checks that need it are skipped, and percentages below 100 cannot be expressed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -210,6 +238,13 @@ impl ClassFacts {
             }
         }
         Self { models: models.into_iter().collect(), max_cards_per_node: per_pool.into_values().max().unwrap_or(0) }
+    }
+
+    /// These facts with `known` models added: card models the configuration names (a node
+    /// group that scales from zero publishes none until a pod waits for it).
+    #[must_use]
+    pub fn with_models(self, known: impl IntoIterator<Item = CardModel>) -> Self {
+        Self::new(self.models.into_iter().chain(known), self.max_cards_per_node)
     }
 
     /// The largest card memory, `None` when unknown.
