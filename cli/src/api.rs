@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 /// Objects per page of a list: a 1,000-node cluster's slices come in a few calls.
 const PAGE: u32 = 500;
@@ -163,6 +164,24 @@ impl Cluster {
     /// [`ApiError`] for a failed or late call.
     pub async fn classes(&self) -> Result<Vec<DeviceClass>, ApiError> {
         self.list(Api::all(self.client.clone()), "listing DeviceClasses").await
+    }
+
+    /// Every object of `resource` in `namespace` (all when `None`), as JSON; none when the API
+    /// server does not serve the resource (a CRD not installed).
+    ///
+    /// # Errors
+    /// [`ApiError`] for a failed or late call.
+    pub async fn objects(&self, resource: &ApiResource, namespace: Option<&str>) -> Result<Vec<Value>, ApiError> {
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, resource),
+            None => Api::all_with(self.client.clone(), resource),
+        };
+        let what = format!("listing {}", resource.plural);
+        match self.list(api, &what).await {
+            Ok(items) => Ok(items.into_iter().filter_map(|o| serde_json::to_value(o).ok()).collect()),
+            Err(ApiError::Call { source: kube::Error::Api(s), .. }) if s.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     }
 
     /// The pod `namespace/name`.

@@ -11,6 +11,8 @@ pub mod allocations;
 pub mod api;
 pub mod cards;
 pub mod cel;
+pub mod convert;
+pub mod convert_live;
 pub mod fit;
 pub mod requests;
 pub mod table;
@@ -21,7 +23,8 @@ pub mod why_text;
 #[cfg(test)]
 mod test_fixtures;
 
-use std::io::Write;
+use std::io::{Read, Write};
+use std::path::PathBuf;
 
 use clap::ValueEnum;
 use serde::Serialize;
@@ -80,6 +83,43 @@ pub struct WhyArgs {
     pub cluster: ClusterArgs,
 }
 
+/// Arguments of `convert`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConvertArgs {
+    /// Manifests to convert (YAML or JSON, several documents or a List; `-` is standard input),
+    /// printed converted, the ResourceClaimTemplates they name after them. Without one, the
+    /// cluster's workloads that still name HAMi's or Volcano's resources are listed instead.
+    #[arg(short = 'f', long = "filename")]
+    pub files: Vec<PathBuf>,
+    /// The device configuration the webhook is given (HAMi's `device-config.yaml`,
+    /// volcano-vgpu-device-plugin's, or vgpu-dra's own).
+    #[arg(long, env = "VGPU_DRA_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The cards to convert against, as the driver's `--mock-gpus` (`2xTesla T4:15Gi`) [default:
+    /// with -f none, so counts and memory are not checked; against a cluster, its
+    /// ResourceSlices].
+    #[arg(long)]
+    pub mock_gpus: Option<String>,
+    /// As the webhook's `--card-model`: `PRODUCT NAME=MEMORY`, `;`-separated or repeated.
+    #[arg(long = "card-model", value_delimiter = ';', value_parser = vgpu_scheduling::compat::CardModel::parse)]
+    pub card_models: Vec<vgpu_scheduling::compat::CardModel>,
+    /// As the webhook's `--strict-fit`: refuse what no card or node known can hold.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub strict_fit: bool,
+    /// The DeviceClass of converted requests [default: the driver name].
+    #[arg(long)]
+    pub device_class: Option<String>,
+    /// Against the cluster: the workloads of every namespace.
+    #[arg(short = 'A', long, conflicts_with = "namespace")]
+    pub all_namespaces: bool,
+    /// Against the cluster: this namespace [default: the kubeconfig context's].
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// The cluster.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
 /// A failed command; the message says which step.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
@@ -92,6 +132,12 @@ pub enum CliError {
     /// The objects read do not make a why report.
     #[error(transparent)]
     Why(#[from] why::WhyError),
+    /// An input of `convert` cannot be read.
+    #[error("{0}")]
+    Input(String),
+    /// `convert` found objects the webhook would refuse (each named on standard error).
+    #[error("{0} object(s) would be refused by the webhook")]
+    Refused(usize),
     /// The async runtime could not start.
     #[error("starting the runtime")]
     Runtime(#[source] std::io::Error),
@@ -176,6 +222,103 @@ pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Res
         None => why_text::write_text(&report, out)?,
         Some(WhyFormat::Json) => write_structured(&report, false, out)?,
         Some(WhyFormat::Yaml) => write_structured(&report, true, out)?,
+    }
+    Ok(())
+}
+
+/// The name sets and card facts `convert` converts with: `--config`, then `--mock-gpus` (or
+/// `slices` of a cluster) and `--card-model`.
+fn convert_inputs(
+    args: &ConvertArgs,
+    slices: Option<&[k8s_openapi::api::resource::v1::ResourceSlice]>,
+) -> Result<(Vec<vgpu_scheduling::CompatSettings>, vgpu_scheduling::ClassFacts), CliError> {
+    use vgpu_scheduling::compat::{FlavourOptions, flavours};
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|e| CliError::Input(format!("reading {}: {e}", path.display())))?;
+            Some(
+                vgpu_scheduling::DeviceConfig::parse(&path.display().to_string(), &text)
+                    .map_err(|e| CliError::Input(e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+    let named = config.as_ref().is_some_and(|c| c.driver_name.is_some());
+    let options = FlavourOptions {
+        driver: (!named).then(|| args.cluster.driver_name.clone()),
+        device_class: args.device_class.clone(),
+        volcano: vgpu_scheduling::compat::VolcanoSettings::default(),
+        strict_fit: args.strict_fit,
+    };
+    let sets = flavours(config.as_ref(), &options);
+    let driver = sets.first().map(|s| s.driver.clone()).unwrap_or_default();
+    let facts = match (&args.mock_gpus, slices) {
+        (Some(spec), _) => {
+            let cards = vgpu_scheduling::mock::parse_spec(spec).map_err(|e| CliError::Input(e.to_string()))?;
+            let inventory = vgpu_scheduling::mock::inventory("preview", &cards);
+            let sharing = vgpu_scheduling::SharingConfig {
+                device_split_count: config.as_ref().and_then(|c| c.device_split_count).unwrap_or(10),
+                memory_scaling: config.as_ref().and_then(|c| c.memory_scaling).unwrap_or(vgpu_scheduling::Ratio::ONE),
+                core_scaling: config.as_ref().and_then(|c| c.core_scaling).unwrap_or(vgpu_scheduling::Ratio::ONE),
+                ..vgpu_scheduling::SharingConfig::default()
+            };
+            vgpu_scheduling::ClassFacts::from_devices(&vgpu_scheduling::publish(&inventory, &sharing))
+        }
+        (None, Some(slices)) => vgpu_scheduling::ClassFacts::from_slices(slices, &driver),
+        (None, None) => vgpu_scheduling::ClassFacts::default(),
+    };
+    Ok((sets, facts.with_models(args.card_models.iter().cloned())))
+}
+
+/// `convert`: with `-f`, the files converted on `out` (warnings and refusals on `messages`, as
+/// `warning:` and `error:` lines; nothing on `out` when anything is refused); without, the
+/// cluster's workloads that name HAMi's or Volcano's resources, as a table.
+///
+/// # Errors
+/// [`CliError::Refused`] when the webhook would refuse something; another [`CliError`] for an
+/// unreadable input or a failed API call.
+pub fn convert(args: &ConvertArgs, out: &mut dyn Write, messages: &mut dyn Write) -> Result<(), CliError> {
+    if args.files.is_empty() {
+        let (workloads, slices) = runtime()?.block_on(async {
+            let cluster = api::Cluster::connect(&args.cluster).await?;
+            let namespace =
+                (!args.all_namespaces).then(|| args.namespace.clone().unwrap_or_else(|| cluster.default_namespace.clone()));
+            let workloads = convert_live::workloads(&cluster, namespace.as_deref()).await?;
+            let slices = if args.mock_gpus.is_some() { Vec::new() } else { cluster.slices().await? };
+            Ok::<_, ApiError>((workloads, slices))
+        })?;
+        let (sets, facts) = convert_inputs(args, Some(&slices))?;
+        convert_live::write_report(&workloads, &sets, &facts, out)?;
+        return Ok(());
+    }
+    let (sets, facts) = convert_inputs(args, None)?;
+    let mut docs = Vec::new();
+    for path in &args.files {
+        let text = if path.as_os_str() == "-" {
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).map_err(|e| CliError::Input(format!("reading standard input: {e}")))?;
+            text
+        } else {
+            std::fs::read_to_string(path).map_err(|e| CliError::Input(format!("reading {}: {e}", path.display())))?
+        };
+        docs.extend(convert::documents(&text).map_err(|e| CliError::Input(format!("{}: {e}", path.display())))?);
+    }
+    let preview = convert::preview(docs, &sets, &facts);
+    for (who, warning) in &preview.warnings {
+        writeln!(messages, "warning: {who}: {warning}")?;
+    }
+    for (who, refusal) in &preview.refusals {
+        writeln!(messages, "error: {who}: {refusal}")?;
+    }
+    if !preview.refusals.is_empty() {
+        return Err(CliError::Refused(preview.refusals.len()));
+    }
+    let all: Vec<&serde_json::Value> = preview.documents.iter().chain(&preview.templates).collect();
+    for (i, doc) in all.iter().enumerate() {
+        if i > 0 {
+            writeln!(out, "---")?;
+        }
+        out.write_all(serde_saphyr::to_string(doc)?.as_bytes())?;
     }
     Ok(())
 }

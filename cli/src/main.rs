@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use vgpu_dra_cli::{UsageArgs, WhyArgs, usage, why};
+use vgpu_dra_cli::{ConvertArgs, UsageArgs, WhyArgs, convert, usage, why};
 
 /// Who uses which shared GPU, and why a pod waits for one.
 #[derive(Debug, Parser)]
@@ -20,6 +20,9 @@ enum Command {
     Usage(UsageArgs),
     /// For each claim of POD: where it went and its limits, or what stops each card.
     Why(WhyArgs),
+    /// Manifests written for HAMi or Volcano's vGPU plugin (-f), converted as the webhook
+    /// converts them; without -f, the cluster's workloads that still use those resources.
+    Convert(ConvertArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +31,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Usage(args) => usage(args, &mut out),
         Command::Why(args) => why(args, &mut out, &mut std::io::stderr()),
+        Command::Convert(args) => convert(args, &mut out, &mut std::io::stderr()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -38,6 +38,9 @@ pub enum Command {
     Usage(vgpu_dra_cli::UsageArgs),
     /// For each claim of a pod: where it went and its limits, or what stops each card (`kubectl vgpu why`).
     Why(vgpu_dra_cli::WhyArgs),
+    /// HAMi or Volcano manifests (-f) converted as the webhook converts them, without a cluster;
+    /// without -f, the cluster's workloads that still use those resources (`kubectl vgpu convert`).
+    Convert(vgpu_dra_cli::ConvertArgs),
 }
 
 /// Arguments of `vgpu-dra prepare-preview`.

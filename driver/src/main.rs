@@ -18,6 +18,9 @@ fn main() -> ExitCode {
         Command::Why(args) => {
             vgpu_dra_cli::why(args, &mut std::io::stdout().lock(), &mut std::io::stderr()).map_err(anyhow::Error::from)
         }
+        Command::Convert(args) => {
+            vgpu_dra_cli::convert(args, &mut std::io::stdout().lock(), &mut std::io::stderr()).map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

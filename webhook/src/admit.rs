@@ -20,10 +20,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionReview};
 use serde::de::DeserializeOwned;
 use tokio::sync::Mutex;
-use vgpu_scheduling::compat::{CardModel, convert_volcano_job};
+use vgpu_scheduling::compat::{CardModel, convert_volcano_job, job_resource_names, pick, pod_resource_names};
 use vgpu_scheduling::{ClassFacts, CompatSettings, convert_pod};
 
-use crate::flavours::{job_resource_names, pick, pod_resource_names};
 use crate::metrics::{Metrics, Outcome};
 use crate::review::{self, Decision};
 

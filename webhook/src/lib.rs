@@ -18,7 +18,6 @@ pub mod admit;
 pub mod args;
 pub mod certs;
 pub mod client_auth;
-mod flavours;
 pub mod metrics;
 pub mod registration;
 pub mod review;

@@ -10,10 +10,10 @@ use std::time::Duration;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use vgpu_scheduling::compat::VolcanoSettings;
+use vgpu_scheduling::compat::{FlavourOptions, VolcanoSettings, flavours};
 use vgpu_scheduling::compat::{job_match_condition, pod_match_condition};
 use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
-use vgpu_scheduling::{CompatSettings, ConfigForm, DeviceConfig, DeviceConfigError};
+use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
 
 use crate::admit::{Admitter, KubeCluster};
 use crate::args::{CertificateSource, RegistrationMode};
@@ -145,46 +145,29 @@ async fn register_only(
     Ok(())
 }
 
-/// The name sets the webhook converts, HAMi's first and then Volcano's, with the flags and the
-/// device configuration file applied: a file renames and sets the defaults of the set its form
-/// writes (HAMi's `device-config.yaml` HAMi's, volcano-vgpu-device-plugin's the Volcano one);
-/// the other set keeps its names and HAMi's defaults. Sets that end up with the same names are
-/// one.
+/// The name sets the webhook converts, HAMi's first and then Volcano's
+/// ([`vgpu_scheduling::compat::flavours`]), with the flags and the device configuration file.
 ///
 /// # Errors
 /// [`RunError::ReadConfig`] or [`RunError::Config`] for the file.
 pub fn settings(args: &WebhookArgs) -> Result<Vec<CompatSettings>, RunError> {
-    let (mut hami, mut volcano) = (CompatSettings::hami(), CompatSettings::volcano());
-    let mut driver = None;
-    if let Some(path) = &args.config {
-        let text = std::fs::read_to_string(path).map_err(|source| RunError::ReadConfig { path: path.clone(), source })?;
-        let config = DeviceConfig::parse(&path.display().to_string(), &text)?;
-        driver = config.driver_name.as_ref().map(|d| d.as_str().to_owned());
-        match config.form {
-            ConfigForm::Volcano => volcano = volcano.with_device_config(&config.compat),
-            ConfigForm::Own | ConfigForm::Hami => hami = hami.with_device_config(&config.compat),
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| RunError::ReadConfig { path: path.clone(), source })?;
+            Some(DeviceConfig::parse(&path.display().to_string(), &text)?)
         }
-    }
-    let driver = args.driver_name.clone().or(driver).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
-    let device_class = args.device_class.clone().unwrap_or_else(|| driver.clone());
-    let volcano_settings = VolcanoSettings {
-        scheduler_names: args.volcano_scheduler_names.clone(),
-        cpu_request: Some(args.volcano_cpu_request).filter(|q| !q.is_zero()),
+        None => None,
     };
-    let mut flavours: Vec<CompatSettings> = Vec::new();
-    for flavour in [hami, volcano] {
-        let flavour = CompatSettings {
-            driver: driver.clone(),
-            device_class: device_class.clone(),
-            volcano: volcano_settings.clone(),
-            strict_fit: args.strict_fit,
-            ..flavour
-        };
-        if !flavours.iter().any(|f| f.resource_names() == flavour.resource_names()) {
-            flavours.push(flavour);
-        }
-    }
-    Ok(flavours)
+    let options = FlavourOptions {
+        driver: args.driver_name.clone(),
+        device_class: args.device_class.clone(),
+        volcano: VolcanoSettings {
+            scheduler_names: args.volcano_scheduler_names.clone(),
+            cpu_request: Some(args.volcano_cpu_request).filter(|q| !q.is_zero()),
+        },
+        strict_fit: args.strict_fit,
+    };
+    Ok(flavours(config.as_ref(), &options))
 }
 
 /// One `matchConditions` expression true for an object any of `flavours` converts.

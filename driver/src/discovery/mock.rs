@@ -1,62 +1,10 @@
-//! The mock inventory: GPUs described on the command line (`--mock-gpus '2xTesla T4:15Gi'`), for
-//! clusters and tests without GPUs. Mock cards get stable UUIDs derived from node name and index,
-//! so a restarted driver publishes the same devices.
+//! The mock inventory as a device source: the cards of a `--mock-gpus` spec
+//! ([`vgpu_scheduling::mock`]) served as this node's GPUs.
 
-use sha2::{Digest, Sha256};
-use vgpu_scheduling::{Gpu, Health, Inventory, Quantity};
+use vgpu_scheduling::Inventory;
+pub use vgpu_scheduling::mock::{MockCards, MockSpecError, mock_uuid, parse_spec};
 
-pub use super::source::MockSpecError;
 use super::source::{DeviceSource, DiscoveryError};
-
-/// One item of the spec: `count` cards of `product` with `memory_bytes` each.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MockCards {
-    /// How many identical cards.
-    pub count: u32,
-    /// Product name.
-    pub product: String,
-    /// Memory per card in bytes.
-    pub memory_bytes: u64,
-}
-
-/// Parses `[COUNTx]PRODUCT:MEMORY[,...]`, for example `8xNVIDIA H200:141Gi,RTX 3060:12Gi`.
-///
-/// # Errors
-/// [`MockSpecError`] naming the first bad item.
-pub fn parse_spec(spec: &str) -> Result<Vec<MockCards>, MockSpecError> {
-    spec.split(',').map(parse_item).collect()
-}
-
-fn parse_item(raw: &str) -> Result<MockCards, MockSpecError> {
-    let item = raw.trim();
-    let err = |reason: &str| MockSpecError { item: item.to_owned(), reason: reason.to_owned() };
-    if item.is_empty() {
-        return Err(err("empty item; expected [COUNTx]PRODUCT:MEMORY"));
-    }
-    let (head, memory) = item.rsplit_once(':').ok_or_else(|| err("missing ':MEMORY', as in 'Tesla T4:15Gi'"))?;
-    let digits = head.bytes().take_while(u8::is_ascii_digit).count();
-    let (count, product) = match head[digits..].strip_prefix('x') {
-        Some(product) if digits > 0 => {
-            let count: u32 = head[..digits].parse().map_err(|_| err("count is too large"))?;
-            (count, product)
-        }
-        _ => (1, head),
-    };
-    if count == 0 || count > 128 {
-        return Err(err("count must be 1 to 128"));
-    }
-    let product = product.trim();
-    if product.is_empty() {
-        return Err(err("missing product name"));
-    }
-    let memory = memory.trim();
-    let quantity = Quantity::parse(memory).map_err(|e| err(&e.to_string()))?;
-    let memory_bytes = quantity
-        .as_u64_exact()
-        .filter(|b| *b >= 1 << 20)
-        .ok_or_else(|| err(&format!("memory {memory} must be a whole number of bytes, at least 1Mi")))?;
-    Ok(MockCards { count, product: product.to_owned(), memory_bytes })
-}
 
 /// A mock device source for one node.
 #[derive(Debug, Clone)]
@@ -74,63 +22,7 @@ impl MockSource {
 
 impl DeviceSource for MockSource {
     fn inventory(&self) -> Result<Inventory, DiscoveryError> {
-        let mut gpus = Vec::new();
-        for cards in &self.cards {
-            for _ in 0..cards.count {
-                let index = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
-                gpus.push(mock_gpu(&self.node_name, index, cards));
-            }
-        }
-        Ok(Inventory { driver_version: "550.54.15".into(), cuda_driver_version: (12, 4), gpus })
-    }
-}
-
-fn mock_gpu(node: &str, index: u32, cards: &MockCards) -> Gpu {
-    let (architecture, compute_capability) = guess_architecture(&cards.product);
-    Gpu {
-        uuid: mock_uuid(node, index),
-        minor: index,
-        index,
-        product_name: cards.product.clone(),
-        brand: if cards.product.contains("RTX") || cards.product.contains("GeForce") { "GeForce" } else { "Tesla" }.into(),
-        memory_bytes: cards.memory_bytes,
-        architecture: architecture.into(),
-        compute_capability,
-        pci_bus_id: format!("0000:{:02x}:00.0", index + 1),
-        pcie_root: Some("pci0000:00".into()),
-        multiprocessors: 0,
-        mig: None,
-        health: Health::Healthy,
-    }
-}
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` from a hash of node name and index.
-pub fn mock_uuid(node: &str, index: u32) -> String {
-    let digest = Sha256::digest(format!("vgpu-dra-mock/{node}/{index}"));
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &hex[0..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..32])
-}
-
-/// A plausible architecture for well-known product names, so mock slices look like real ones.
-fn guess_architecture(product: &str) -> (&'static str, (u32, u32)) {
-    let p = product.to_ascii_uppercase();
-    let has = |s: &str| p.contains(s);
-    if has("H100") || has("H200") || has("H20") || has("H800") {
-        ("Hopper", (9, 0))
-    } else if has("B200") || has("B100") {
-        ("Blackwell", (10, 0))
-    } else if has("L4") || has("L40") || has("RTX 40") || has("ADA") {
-        ("Ada Lovelace", (8, 9))
-    } else if has("A100") || has("A30") || has("A800") {
-        ("Ampere", (8, 0))
-    } else if has("A10") || has("A40") || has("RTX 30") || has("A16") || has("A2") {
-        ("Ampere", (8, 6))
-    } else if has("T4") || has("RTX 20") {
-        ("Turing", (7, 5))
-    } else if has("V100") {
-        ("Volta", (7, 0))
-    } else {
-        ("", (0, 0))
+        Ok(vgpu_scheduling::mock::inventory(&self.node_name, &self.cards))
     }
 }
 
@@ -139,41 +31,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_counts_products_with_spaces_and_quantities() {
-        let cards = parse_spec("8xNVIDIA H200:141Gi,RTX 3060:12Gi").unwrap();
-        assert_eq!(cards[0], MockCards { count: 8, product: "NVIDIA H200".into(), memory_bytes: 141 << 30 });
-        assert_eq!(cards[1], MockCards { count: 1, product: "RTX 3060".into(), memory_bytes: 12 << 30 });
-        assert_eq!(parse_spec("1xTesla T4:15Gi").unwrap()[0].memory_bytes, 15 << 30);
-        assert_eq!(parse_spec("A100:40000Mi").unwrap()[0].memory_bytes, 40_000 << 20);
-    }
-
-    #[test]
-    fn bad_items_are_named() {
-        let cases = [
-            ("Tesla T4", "missing ':MEMORY'"),
-            ("1xTesla T4:15Gi,,", "empty item"),
-            ("0xT4:15Gi", "count must be 1 to 128"),
-            ("2x:15Gi", "missing product name"),
-            ("T4:15 GiB", "is invalid"),
-            ("T4:100", "at least 1Mi"),
-            ("T4:1.5", "whole number of bytes"),
-        ];
-        for (spec, want) in cases {
-            let err = parse_spec(spec).unwrap_err().to_string();
-            assert!(err.starts_with("--mock-gpus item \"") && err.contains(want), "{spec:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn uuids_are_stable_per_node_and_index() {
+    fn the_source_serves_the_specs_inventory_the_same_on_every_read() {
         let src = MockSource::new("n1", parse_spec("2xTesla T4:15Gi").unwrap());
         let a = src.inventory().unwrap();
-        let b = src.inventory().unwrap();
-        assert_eq!(a, b);
-        assert_ne!(a.gpus[0].uuid, a.gpus[1].uuid);
-        assert_ne!(mock_uuid("n1", 0), mock_uuid("n2", 0));
-        assert_eq!(a.gpus[0].uuid.len(), 40);
-        assert_eq!(a.gpus[1].minor, 1);
-        assert_eq!(a.gpus[0].architecture, "Turing");
+        assert_eq!(a, src.inventory().unwrap());
+        assert_eq!(a, vgpu_scheduling::mock::inventory("n1", &parse_spec("2xTesla T4:15Gi").unwrap()));
+        assert_eq!(a.gpus[1].uuid, mock_uuid("n1", 1));
     }
 }

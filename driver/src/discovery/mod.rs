@@ -15,6 +15,7 @@ mod worker;
 pub mod xid;
 
 pub use device_loop::{DeviceLoop, DeviceLoopOptions};
+pub use mock::MockSpecError;
 pub use mock_file::MockFileSource;
 pub use snapshot::SnapshotSource;
-pub use source::{CardList, DeviceSource, DiscoveryError, MockSpecError, read_all};
+pub use source::{CardList, DeviceSource, DiscoveryError, read_all};

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use vgpu_scheduling::mock::MockSpecError;
 use vgpu_scheduling::{Gpu, Inventory};
 
 /// The node-wide part of an inventory: versions and which cards there are, before any card is
@@ -111,14 +112,4 @@ pub enum DiscoveryError {
     /// The device loop has not finished a first read yet.
     #[error("no GPU inventory read yet (the device loop logs why)")]
     NoSnapshot,
-}
-
-/// A malformed item of a `--mock-gpus` spec; the message quotes the item.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--mock-gpus item {item:?}: {reason}")]
-pub struct MockSpecError {
-    /// The item as given.
-    pub item: String,
-    /// What is wrong with it.
-    pub reason: String,
 }

@@ -27,6 +27,7 @@
 mod claim;
 mod container;
 mod error;
+mod flavours;
 mod job;
 mod pod;
 mod selectors;
@@ -39,6 +40,7 @@ pub use claim::{
 };
 pub use container::{Ask, CardRequest, MAX_COUNT, MemoryRequest, container_ask};
 pub use error::CompatError;
+pub use flavours::{FlavourOptions, flavours, job_resource_names, pick, pod_resource_names};
 pub use job::{JobConversion, JobError, convert_volcano_job};
 pub use pod::{
     CLAIM_ENTRY_PREFIX, PodConversion, SpecConversion, claim_entry_name, convert_pod, convert_pod_spec, job_match_condition,

@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceSlice};
 use super::volcano::VolcanoSettings;
 use crate::Quantity;
 use crate::config::DEFAULT_DRIVER_NAME;
-use crate::device::CAPACITY_MEMORY;
+use crate::device::{Attribute, CAPACITY_MEMORY, PublishedDevice};
 use crate::device_config::HamiRequestSettings;
 
 /// HAMi's `gpuCorePolicy`: how HAMi-core throttles compute (`GPU_CORE_UTILIZATION_POLICY`).
@@ -245,6 +245,17 @@ impl ClassFacts {
     #[must_use]
     pub fn with_models(self, known: impl IntoIterator<Item = CardModel>) -> Self {
         Self::new(self.models.into_iter().chain(known), self.max_cards_per_node)
+    }
+
+    /// Facts from the devices one node would publish ([`crate::publish`]): a preview without a
+    /// cluster sees what the webhook would list.
+    pub fn from_devices(devices: &[PublishedDevice]) -> Self {
+        let models = devices.iter().filter_map(|d| {
+            let Some(Attribute::String(product_name)) = d.attributes.get("productName") else { return None };
+            let memory_bytes = d.capacity.get(CAPACITY_MEMORY)?.value.as_u64_exact()?;
+            Some(CardModel { product_name: product_name.clone(), memory_bytes })
+        });
+        Self::new(models, u32::try_from(devices.len()).unwrap_or(u32::MAX))
     }
 
     /// The largest card memory, `None` when unknown.

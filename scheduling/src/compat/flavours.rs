@@ -1,13 +1,63 @@
-//! Which set of resource names (HAMi's, Volcano's) an object is written in: the webhook converts
-//! each pod or Volcano Job with the one set it uses.
+//! The sets of resource names converted (HAMi's, Volcano's), each with its own defaults, and
+//! which one an object is written in: the webhook and `vgpu-dra convert` convert each pod or
+//! Volcano Job with the one set it uses.
 
 use k8s_openapi::api::core::v1::Pod;
-use vgpu_scheduling::CompatSettings;
+
+use super::settings::CompatSettings;
+use super::volcano::VolcanoSettings;
+use crate::config::DEFAULT_DRIVER_NAME;
+use crate::device_config::{ConfigForm, DeviceConfig};
+
+/// What the name sets share besides the device configuration: flags of the webhook and of
+/// `vgpu-dra convert`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlavourOptions {
+    /// The driver name, over the configuration's; the default driver when neither names one.
+    pub driver: Option<String>,
+    /// The DeviceClass of converted requests; the driver name when absent.
+    pub device_class: Option<String>,
+    /// How converted pods of Volcano's scheduler keep a request Volcano counts.
+    pub volcano: VolcanoSettings,
+    /// [`CompatSettings::strict_fit`].
+    pub strict_fit: bool,
+}
+
+/// HAMi's and Volcano's name sets, both converted in one install. `config`, when given, renames
+/// and sets the defaults of the one set its form writes (HAMi's `device-config.yaml` HAMi's,
+/// volcano-vgpu-device-plugin's the Volcano one); the other keeps its names and HAMi's
+/// defaults. Sets that end up with the same names are one.
+pub fn flavours(config: Option<&DeviceConfig>, options: &FlavourOptions) -> Vec<CompatSettings> {
+    let (mut hami, mut volcano) = (CompatSettings::hami(), CompatSettings::volcano());
+    if let Some(config) = config {
+        match config.form {
+            ConfigForm::Volcano => volcano = volcano.with_device_config(&config.compat),
+            ConfigForm::Own | ConfigForm::Hami => hami = hami.with_device_config(&config.compat),
+        }
+    }
+    let from_config = config.and_then(|c| c.driver_name.as_ref()).map(|d| d.as_str().to_owned());
+    let driver = options.driver.clone().or(from_config).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
+    let device_class = options.device_class.clone().unwrap_or_else(|| driver.clone());
+    let mut sets: Vec<CompatSettings> = Vec::new();
+    for flavour in [hami, volcano] {
+        let flavour = CompatSettings {
+            driver: driver.clone(),
+            device_class: device_class.clone(),
+            volcano: options.volcano.clone(),
+            strict_fit: options.strict_fit,
+            ..flavour
+        };
+        if !sets.iter().any(|f| f.resource_names() == flavour.resource_names()) {
+            sets.push(flavour);
+        }
+    }
+    sets
+}
 
 /// The flavour to convert an object naming `names` with: the one whose names it uses, or
 /// whose MIG names it uses (to deny them). `Ok(None)`: none of ours. A denial message when
 /// it names resources of two flavours: one object is converted with one set of names.
-pub(crate) fn pick<'a>(
+pub fn pick<'a>(
     flavours: &'a [CompatSettings],
     kind: &str,
     names: &[(String, String)],
@@ -26,7 +76,7 @@ pub(crate) fn pick<'a>(
 
 /// The resource names in the limits and requests of every task's pod template, each with its
 /// container's name.
-pub(crate) fn job_resource_names(job: &serde_json::Value) -> Vec<(String, String)> {
+pub fn job_resource_names(job: &serde_json::Value) -> Vec<(String, String)> {
     let tasks = job.pointer("/spec/tasks").and_then(serde_json::Value::as_array);
     let containers = tasks.into_iter().flatten().filter_map(|t| t.pointer("/template/spec")).flat_map(|spec| {
         ["initContainers", "containers"]
@@ -46,7 +96,7 @@ pub(crate) fn job_resource_names(job: &serde_json::Value) -> Vec<(String, String
 
 /// The resource names in the limits and requests of every container, each with its container's
 /// name.
-pub(crate) fn pod_resource_names(pod: &Pod) -> Vec<(String, String)> {
+pub fn pod_resource_names(pod: &Pod) -> Vec<(String, String)> {
     let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
     let mut names = Vec::new();
     for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
