@@ -33,6 +33,31 @@ fn build() -> anyhow::Result<PathBuf> {
     Ok(target.join("debug/vgpu-dra"))
 }
 
+/// The directory holding `kubectl-vgpu` (and `vgpu-dra`), built once per test process: on
+/// PATH, kubectl runs the plugin as `kubectl vgpu`.
+///
+/// # Errors
+/// When the plugin cannot be built.
+pub fn plugin_dir() -> anyhow::Result<&'static Path> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(&root)
+            .args(["build", "-q", "-p", "vgpu-dra-cli", "--bin", "kubectl-vgpu"])
+            .status()
+            .map_err(|e| format!("running cargo: {e}"))?;
+        if !status.success() {
+            return Err("cargo build -p vgpu-dra-cli failed".to_owned());
+        }
+        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+        Ok(target.join("debug"))
+    })
+    .as_deref()
+    .map_err(|e| anyhow::anyhow!("building kubectl-vgpu: {e}"))
+}
+
 /// The stand-in for `node`'s host file system that [`start_driver`] points a driver at unless told
 /// otherwise: `kubelet/`, `cdi/`, `vgpu/` and `vgpulock/` under it.
 pub fn node_host_dir(plane: &ControlPlane, node: &str) -> PathBuf {

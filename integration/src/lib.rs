@@ -18,7 +18,7 @@ mod webhook_tls;
 
 pub use components::{Components, VolcanoComponents, components};
 pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, WEBHOOK_CLIENT_NAME, write_kubeconfig};
-pub use driver::{driver_binary, node_host_dir, start_driver, start_driver_as};
+pub use driver::{driver_binary, node_host_dir, plugin_dir, start_driver, start_driver_as};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};
 pub use process::{ManagedProcess, free_port, http_get};
 

@@ -9,16 +9,14 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use common::seed_000;
 use common::webhook::DEVICE_CLASS;
 use common::{Dirs, NODE, driver};
-use vgpu_dra_integration::{ControlPlane, driver_binary, eventually};
+use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, plugin_dir};
 
 // mirrors HAMi's examples/nvidia/example.yaml: a Deployment of 3000 MiB, default cores.
 const HAMI_DEPLOYMENT: &str = r#"apiVersion: apps/v1
@@ -134,22 +132,6 @@ fn convert(args: &[&str], input: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-/// The directory holding `kubectl-vgpu`, built once per test process.
-fn plugin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "-q", "-p", "vgpu-dra-cli", "--bin", "kubectl-vgpu"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building kubectl-vgpu failed");
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from).join("debug")
-    })
-}
-
 #[test]
 fn published_examples_convert_into_objects_the_api_server_accepts_and_the_scheduler_places() {
     let mut plane = ControlPlane::start().expect("control plane");
@@ -218,7 +200,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     for yaml in [HAMI_DEPLOYMENT, HAMI_POD, &too_much, VOLCANO_DEPLOYMENT] {
         kubectl.run_with_input(&["apply", "-n", "legacy", "-f", "-"], Some(yaml))?;
     }
-    let path = format!("{}:{}", plugin_dir().display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!("{}:{}", plugin_dir()?.display(), std::env::var("PATH").unwrap_or_default());
     let out = Command::new(&plane.components().kubectl)
         .env("PATH", path)
         .args(["vgpu", "convert", "--all-namespaces", &format!("--kubeconfig={}", plane.kubeconfig().display())])

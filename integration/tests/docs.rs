@@ -30,11 +30,12 @@ use vgpu_dra_integration::node::{Node, build_stand_in};
 use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
-const PAGES: [&str; 10] = [
+const PAGES: [&str; 11] = [
     "quickstart.md",
     "resource-model.md",
     "configuration.md",
     "compatibility.md",
+    "migration.md",
     "troubleshooting.md",
     "kueue.md",
     "volcano.md",
@@ -110,10 +111,12 @@ impl Docs {
     /// Runs an `sh` block; returns what it printed on stdout.
     fn sh(&self, block: &Block) -> String {
         let bins = self.plane.components();
+        // With vgpu-dra and kubectl-vgpu (the pages' `vgpu-dra convert`, `kubectl vgpu`).
         let path = format!(
-            "{}:{}:{}",
+            "{}:{}:{}:{}",
             bins.kubectl.parent().unwrap().display(),
             bins.helm.parent().unwrap().display(),
+            vgpu_dra_integration::plugin_dir().unwrap().display(),
             std::env::var("PATH").unwrap_or_default()
         );
         let home = self.plane.dir().join("helm-home");

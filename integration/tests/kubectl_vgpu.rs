@@ -8,9 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::claim_on;
@@ -18,7 +16,7 @@ use serde_json::Value;
 use vgpu_dra::discovery::DeviceSource;
 use vgpu_dra::discovery::mock::{MockSource, parse_spec};
 use vgpu_dra::slices::{PoolIdentity, build_slices};
-use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, start_driver};
+use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, plugin_dir, start_driver};
 use vgpu_scheduling::{SharingConfig, publish};
 
 /// `vgpu-dra <args> --kubeconfig <plane's>`.
@@ -35,22 +33,6 @@ fn stdout_ok(out: &Output, what: &str) -> String {
     assert!(out.status.success(), "{what} failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
     eprintln!("--- {what} ---\n{text}");
     text
-}
-
-/// The directory holding `kubectl-vgpu`, built once per test process.
-fn plugin_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "-q", "-p", "vgpu-dra-cli", "--bin", "kubectl-vgpu"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building kubectl-vgpu failed");
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from).join("debug")
-    })
 }
 
 /// Waits until pod `name` is marked unschedulable, and returns the scheduler's message.
@@ -165,7 +147,7 @@ fn usage_and_why_explain_source_documents_000_and_003() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("pod default/no-such-pod not found"), "{missing:?}");
 
     // As a kubectl plugin: kubectl finds `kubectl-vgpu` on PATH.
-    let path = format!("{}:{}", plugin_dir().display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!("{}:{}", plugin_dir().unwrap().display(), std::env::var("PATH").unwrap_or_default());
     let out = Command::new(&plane.components().kubectl)
         .args(["vgpu", "usage", "-o", "json", &format!("--kubeconfig={}", plane.kubeconfig().display())])
         .env("PATH", path)
