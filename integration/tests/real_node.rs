@@ -169,6 +169,14 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
     hami_pod_through_the_webhook(node, &kubectl, &vgpu, &card).context("003's pod written for HAMi")?;
     webhook.check_running()?;
     driver.check_running()?;
+    // as-nobody and 003's pod hold all the card's cores (50 each): the next pod asks 0 cores,
+    // which HAMi's fit rule keeps off such a card, so as-nobody leaves first.
+    kubectl.run(&["delete", "pod", "as-nobody", "--wait=false"])?;
+    eventually("as-nobody's claim unprepared", Duration::from_secs(60), || {
+        node.check_running()?;
+        driver.check_running()?;
+        Ok((cdi_specs(node, &claim_uids[0]) == 0).then_some(()))
+    })?;
     hostile_claim_directory(node, &kubectl, &mut driver, &vgpu).context("a pod that fills its claim directory")?;
     Ok(())
 }
