@@ -6,7 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -182,6 +182,24 @@ impl Cluster {
             Err(ApiError::Call { source: kube::Error::Api(s), .. }) if s.code == 404 => Ok(Vec::new()),
             Err(e) => Err(e),
         }
+    }
+
+    /// The ResourceQuotas of `namespace`.
+    ///
+    /// # Errors
+    /// [`ApiError`] for a failed or late call.
+    pub async fn quotas(&self, namespace: &str) -> Result<Vec<ResourceQuota>, ApiError> {
+        self.list(Api::namespaced(self.client.clone(), namespace), &format!("listing ResourceQuotas in {namespace}")).await
+    }
+
+    /// The events about pod `namespace/name`, oldest first as the API lists them.
+    ///
+    /// # Errors
+    /// [`ApiError`] for a failed or late call.
+    pub async fn pod_events(&self, namespace: &str, name: &str) -> Result<Vec<Event>, ApiError> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let params = ListParams::default().fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"));
+        Ok(self.deadline(&format!("listing the events of pod {namespace}/{name}"), api.list(&params)).await?.items)
     }
 
     /// The pod `namespace/name`.

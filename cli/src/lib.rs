@@ -14,6 +14,7 @@ pub mod cel;
 pub mod convert;
 pub mod convert_live;
 pub mod fit;
+pub mod quota_usage;
 pub mod requests;
 pub mod table;
 pub mod usage;
@@ -59,6 +60,10 @@ pub struct UsageArgs {
     /// Only this node's cards.
     #[arg(long, env = "VGPU_DRA_USAGE_NODE")]
     pub node: Option<String>,
+    /// Instead of cards: what this namespace's claims hold of each GPU quota key of its
+    /// ResourceQuotas (`nvidia.com/gpu`, `gpumem`, `gpucores`, in HAMi's units), beside the limit.
+    #[arg(short = 'n', long, conflicts_with = "node")]
+    pub namespace: Option<String>,
     /// Output format [default: a table].
     #[arg(short = 'o', long, env = "VGPU_DRA_OUTPUT", value_enum)]
     pub output: Option<UsageFormat>,
@@ -173,6 +178,15 @@ fn write_structured<T: Serialize>(value: &T, yaml: bool, out: &mut dyn Write) ->
 /// # Errors
 /// [`CliError`] naming the step that failed.
 pub fn usage(args: &UsageArgs, out: &mut dyn Write) -> Result<(), CliError> {
+    if let Some(namespace) = &args.namespace {
+        let (quotas, claims, slices) = runtime()?.block_on(async {
+            let cluster = api::Cluster::connect(&args.cluster).await?;
+            Ok::<_, ApiError>((cluster.quotas(namespace).await?, cluster.claims(Some(namespace)).await?, cluster.slices().await?))
+        })?;
+        let rows = quota_usage::rows(&quotas, &claims, &slices, &args.cluster.driver_name);
+        quota_usage::write(namespace, &rows, out)?;
+        return Ok(());
+    }
     let (slices, claims) = runtime()?.block_on(async {
         let cluster = api::Cluster::connect(&args.cluster).await?;
         let slices = cluster.slices().await?;
@@ -197,17 +211,19 @@ pub fn usage(args: &UsageArgs, out: &mut dyn Write) -> Result<(), CliError> {
 /// # Errors
 /// [`CliError`] naming the step that failed; a missing pod is [`ApiError::PodNotFound`].
 pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Result<(), CliError> {
-    let (pod, slices, classes, claims, partial) = runtime()?.block_on(async {
+    let (pod, slices, classes, claims, partial, events) = runtime()?.block_on(async {
         let cluster = api::Cluster::connect(&args.cluster).await?;
         let namespace = args.namespace.clone().unwrap_or_else(|| cluster.default_namespace.clone());
         let pod = cluster.pod(&namespace, &args.pod).await?;
+        // Why a claim is missing is told only in events; without them the report still stands.
+        let events = cluster.pod_events(&namespace, &args.pod).await.unwrap_or_default();
         let slices = cluster.slices().await?;
         let classes = cluster.classes().await?;
         let (claims, partial) = match cluster.claims(None).await {
             Err(e) if e.is_forbidden() => (cluster.claims(Some(&namespace)).await?, true),
             other => (other?, false),
         };
-        Ok::<_, ApiError>((pod, slices, classes, claims, partial))
+        Ok::<_, ApiError>((pod, slices, classes, claims, partial, events))
     })?;
     if partial {
         writeln!(
@@ -217,7 +233,8 @@ pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Res
     }
     let inputs =
         why::WhyInputs { pod: &pod, claims: &claims, slices: &slices, classes: &classes, driver: &args.cluster.driver_name };
-    let report = why_report(&inputs)?;
+    let mut report = why_report(&inputs)?;
+    why::explain_missing(&mut report, &events);
     match args.output {
         None => why_text::write_text(&report, out)?,
         Some(WhyFormat::Json) => write_structured(&report, false, out)?,

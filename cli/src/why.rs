@@ -65,6 +65,23 @@ pub enum ClaimState {
     Missing,
 }
 
+/// Gives each claim still missing the reason of the resource claim controller's latest failure
+/// to make it (its `FailedResourceClaimCreation` event on the pod: a quota refusal, a denial by
+/// an admission webhook), when there is one.
+pub fn explain_missing(report: &mut WhyReport, events: &[k8s_openapi::api::core::v1::Event]) {
+    for claim in report.claims.iter_mut().filter(|c| c.state == ClaimState::Missing && c.error.is_none()) {
+        let prefix = format!("PodResourceClaim {}: ", claim.pod_claim);
+        let latest = events
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("FailedResourceClaimCreation"))
+            .filter_map(|e| e.message.as_deref()?.strip_prefix(&prefix))
+            .next_back();
+        if let Some(message) = latest {
+            claim.error = Some(format!("the resource claim controller cannot create it: {message}"));
+        }
+    }
+}
+
 /// One claim of the pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

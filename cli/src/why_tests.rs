@@ -163,3 +163,40 @@ fn requests_kept_apart_by_distinct_attribute_need_that_many_cards() {
         assert!(matches!(&full.reasons[..], [Reason::Short { capacity, .. }] if capacity == "memory"));
     }
 }
+
+#[test]
+fn a_missing_claim_gets_the_claim_controllers_latest_failure_for_it() {
+    let missing = |pod_claim: &str| ClaimWhy {
+        pod_claim: pod_claim.into(),
+        claim: None,
+        state: ClaimState::Missing,
+        placements: Vec::new(),
+        limits: Vec::new(),
+        requests: Vec::new(),
+        error: None,
+    };
+    let mut report = WhyReport {
+        namespace: "ns".into(),
+        pod: "p".into(),
+        node: None,
+        scheduler: None,
+        claims: vec![missing("gpu"), missing("other")],
+    };
+    let event = |reason: &str, message: &str| k8s_openapi::api::core::v1::Event {
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        ..Default::default()
+    };
+    let events = [
+        event("FailedResourceClaimCreation", "PodResourceClaim gpu: old"),
+        event("Scheduled", "PodResourceClaim gpu: not this one"),
+        event("FailedResourceClaimCreation", "PodResourceClaim gpu: exceeded quota: gpu, requested: nvidia.com/gpu=1"),
+        event("FailedResourceClaimCreation", "PodResourceClaim gpus: not this claim"),
+    ];
+    explain_missing(&mut report, &events);
+    assert_eq!(
+        report.claims[0].error.as_deref(),
+        Some("the resource claim controller cannot create it: exceeded quota: gpu, requested: nvidia.com/gpu=1")
+    );
+    assert_eq!(report.claims[1].error, None);
+}

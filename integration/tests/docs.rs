@@ -30,7 +30,7 @@ use vgpu_dra_integration::node::{Node, build_stand_in};
 use vgpu_dra_integration::{ControlPlane, driver_binary, eventually, node_host_dir};
 
 /// The pages, in the order a reader follows them; the quick start's clean-up runs last.
-const PAGES: [&str; 11] = [
+const PAGES: [&str; 12] = [
     "quickstart.md",
     "resource-model.md",
     "configuration.md",
@@ -40,6 +40,7 @@ const PAGES: [&str; 11] = [
     "kueue.md",
     "volcano.md",
     "metrics.md",
+    "quotas.md",
     "security.md",
     "README.md",
 ];

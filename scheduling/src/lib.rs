@@ -33,6 +33,7 @@ pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};
 pub mod compat;
 pub mod limits;
 pub mod mock;
+pub mod quota;
 
 pub use compat::{CardRequest, ClassFacts, CompatError, CompatSettings, PodConversion, convert_pod};
 pub use limits::{DeviceShare, LimitError, LimitOptions, container_env, per_card};

@@ -74,6 +74,26 @@ pub enum AdmitError {
         #[source]
         source: kube::Error,
     },
+    /// Reading or writing a quota input failed.
+    #[error("{what}")]
+    Quota {
+        /// The step.
+        what: String,
+        /// Cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// The namespace's quota ledger changed under every attempt to reserve.
+    #[error("the GPU quota ledger of namespace {namespace} changed under each of {attempts} attempts")]
+    Contended {
+        /// The namespace.
+        namespace: String,
+        /// Attempts made.
+        attempts: usize,
+    },
+    /// The OS's random generator failed.
+    #[error("no random bytes from the operating system for a quota reservation")]
+    Random,
     /// An API call took longer than its timeout.
     #[error("{what}: no answer from the API server within {timeout:?}")]
     Timeout {
@@ -341,6 +361,8 @@ pub struct KubeCluster {
     known: Arc<std::sync::Mutex<HashMap<(String, String), Instant>>>,
     /// Card models named by configuration, offered whether or not a node publishes them now.
     card_models: Vec<CardModel>,
+    /// Where the quota ledgers are kept: the webhook's own namespace.
+    ledger_namespace: String,
 }
 
 /// How long a template confirmed to exist with our content is not asked for again: pods of one
@@ -367,7 +389,26 @@ impl KubeCluster {
             cache: Arc::default(),
             known: Arc::default(),
             card_models: Vec::new(),
+            ledger_namespace: String::new(),
         }
+    }
+
+    /// This cluster keeping quota ledgers in `namespace` (the webhook's own).
+    #[must_use]
+    pub fn with_ledger_namespace(self, namespace: &str) -> Self {
+        Self { ledger_namespace: namespace.to_owned(), ..self }
+    }
+
+    pub(crate) fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn ledger_namespace(&self) -> &str {
+        &self.ledger_namespace
     }
 
     /// This cluster offering `models` besides the published ones (`--card-model`).

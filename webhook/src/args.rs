@@ -95,6 +95,11 @@ pub struct WebhookArgs {
     /// memory percentage is expressed for these too, so its pod waits for such a node.
     #[arg(long = "card-model", env = "VGPU_DRA_WEBHOOK_CARD_MODELS", value_delimiter = ';', value_parser = CardModel::parse)]
     pub card_models: Vec<CardModel>,
+    /// Charge every ResourceClaim on the driver's classes to its namespace's ResourceQuotas on
+    /// HAMi's keys (`nvidia.com/gpu`, `gpumem`, `gpucores` and Volcano's, bare, `requests.` or
+    /// `limits.`), refusing one that would pass a limit (docs/quotas.md).
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_QUOTAS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub quotas: bool,
     /// Address of the plain-HTTP metrics and health endpoint; none when absent.
     #[arg(long, env = "VGPU_DRA_METRICS_ADDRESS")]
     pub metrics_address: Option<SocketAddr>,

@@ -17,8 +17,10 @@
 pub mod admit;
 pub mod args;
 pub mod certs;
+pub mod claims;
 pub mod client_auth;
 pub mod metrics;
+pub mod quota;
 pub mod registration;
 pub mod review;
 mod run;

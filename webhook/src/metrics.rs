@@ -5,6 +5,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -45,6 +46,13 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QuotaLabels {
+    namespace: String,
+    quota: String,
+    key: String,
+}
+
 /// The webhook's metrics; cheap to clone (shared counters).
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -52,6 +60,9 @@ pub struct Metrics {
     denials: Family<ReasonLabels, Counter>,
     duration: Family<OutcomeLabels, Histogram>,
     refused: Family<ReasonLabels, Counter>,
+    claims: Family<OutcomeLabels, Counter>,
+    quota_used: Family<QuotaLabels, Gauge>,
+    quota_limit: Family<QuotaLabels, Gauge>,
 }
 
 impl Metrics {
@@ -67,6 +78,17 @@ impl Metrics {
             "TLS clients refused before any review was read: no client certificate, one of another CA, or of another name",
             this.refused.clone(),
         );
+        sub.register("claim_admissions", "ResourceClaim admissions (the GPU quota check) by outcome", this.claims.clone());
+        sub.register(
+            "quota_used",
+            "What a namespace's claims on the driver's classes hold of a GPU quota key, in HAMi's units, as of its last check",
+            this.quota_used.clone(),
+        );
+        sub.register(
+            "quota_limit",
+            "The hard limit of a GPU quota key, in HAMi's units, as of its last check",
+            this.quota_limit.clone(),
+        );
         this
     }
 
@@ -78,7 +100,22 @@ impl Metrics {
             // 1 ms .. ~4 s: a review lists slices and creates templates, bounded by API timeouts.
             duration: Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 13))),
             refused: Family::default(),
+            claims: Family::default(),
+            quota_used: Family::default(),
+            quota_limit: Family::default(),
         }
+    }
+
+    /// Counts one ResourceClaim admission.
+    pub fn observe_claim(&self, outcome: Outcome) {
+        self.claims.get_or_create(&OutcomeLabels { outcome: outcome.label() }).inc();
+    }
+
+    /// Records what `namespace` holds of `key` of `quota` and its limit.
+    pub fn quota(&self, namespace: &str, quota: &str, key: &str, used: u64, limit: u64) {
+        let labels = QuotaLabels { namespace: namespace.to_owned(), quota: quota.to_owned(), key: key.to_owned() };
+        self.quota_used.get_or_create(&labels).set(i64::try_from(used).unwrap_or(i64::MAX));
+        self.quota_limit.get_or_create(&labels).set(i64::try_from(limit).unwrap_or(i64::MAX));
     }
 
     /// Counts one admission.

@@ -28,6 +28,8 @@ use crate::tls::merge_ca_bundles;
 pub const PODS_PATH: &str = "/mutate-pods";
 /// Path the webhook serves Volcano Job admissions on.
 pub const JOBS_PATH: &str = "/mutate-volcano-jobs";
+/// Path the webhook serves ResourceClaim admissions (the GPU quota check) on.
+pub const CLAIMS_PATH: &str = "/mutate-resourceclaims";
 /// API group of Volcano's batch Jobs.
 pub const VOLCANO_BATCH_GROUP: &str = "batch.volcano.sh";
 /// Field manager of the webhook's own writes.
@@ -101,6 +103,9 @@ pub struct Registration {
     /// The CEL expression selecting Volcano Jobs (`vgpu_scheduling::compat::job_match_condition`);
     /// no Job webhook when absent.
     pub job_match_condition: Option<String>,
+    /// The CEL expression selecting ResourceClaims on the driver's classes
+    /// ([`claim_match_condition`]); no claim webhook (no GPU quotas) when absent.
+    pub claim_match_condition: Option<String>,
     /// The object whose deletion deletes the configuration (the chart's ClusterRole), so an
     /// uninstall does not leave a webhook behind that fails closed.
     pub owner: Option<OwnerReference>,
@@ -212,6 +217,11 @@ impl Registration {
         format!("jobs.{}", self.webhook_name())
     }
 
+    /// The ResourceClaim webhook's qualified name: `claims.` before the pod webhook's.
+    pub fn claim_webhook_name(&self) -> String {
+        format!("claims.{}", self.webhook_name())
+    }
+
     /// The configuration object.
     pub fn configuration(&self) -> MutatingWebhookConfiguration {
         let pods = self.webhook(
@@ -242,6 +252,21 @@ impl Registration {
                 },
             )
         });
+        // Every claim on the driver's classes, whoever writes it, is charged to its namespace.
+        let claims = self.claim_match_condition.as_ref().map(|condition| {
+            self.webhook(
+                self.claim_webhook_name(),
+                CLAIMS_PATH,
+                condition,
+                RuleWithOperations {
+                    api_groups: Some(vec!["resource.k8s.io".to_owned()]),
+                    api_versions: Some(vec!["v1".to_owned()]),
+                    operations: Some(vec!["CREATE".to_owned()]),
+                    resources: Some(vec!["resourceclaims".to_owned()]),
+                    scope: Some("Namespaced".to_owned()),
+                },
+            )
+        });
         MutatingWebhookConfiguration {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
@@ -249,7 +274,7 @@ impl Registration {
                 owner_references: self.owner.clone().map(|o| vec![o]),
                 ..Default::default()
             },
-            webhooks: Some(std::iter::once(pods).chain(jobs).collect()),
+            webhooks: Some(std::iter::once(pods).chain(jobs).chain(claims).collect()),
         }
     }
 
@@ -284,7 +309,10 @@ impl Registration {
 
     /// The names of the webhooks of this configuration.
     fn webhook_names(&self) -> Vec<String> {
-        std::iter::once(self.webhook_name()).chain(self.job_match_condition.as_ref().map(|_| self.job_webhook_name())).collect()
+        std::iter::once(self.webhook_name())
+            .chain(self.job_match_condition.as_ref().map(|_| self.job_webhook_name()))
+            .chain(self.claim_match_condition.as_ref().map(|_| self.claim_webhook_name()))
+            .collect()
     }
 
     /// Creates or updates the configuration (server-side apply, so replicas applying the same
@@ -416,6 +444,17 @@ fn registered_ca_bundle(config: &MutatingWebhookConfiguration, names: &[String])
         .filter_map(|b| std::str::from_utf8(&b.0).ok())
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A CEL expression true for a ResourceClaim with a request (or a `firstAvailable` choice) on
+/// one of `classes`: only those are sent, so a webhook outage blocks no other claim.
+pub fn claim_match_condition(classes: &[String]) -> String {
+    let list = classes.iter().map(|c| vgpu_scheduling::compat::cel_string(c)).collect::<Vec<_>>().join(", ");
+    format!(
+        "has(object.spec.devices) && has(object.spec.devices.requests) && object.spec.devices.requests.exists(r, \
+         (has(r.exactly) && r.exactly.deviceClassName in [{list}]) || \
+         (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in [{list}])))"
+    )
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ fn registration(endpoint: Endpoint) -> Registration {
         ca_bundle: Some("-----BEGIN CERTIFICATE-----\n".into()),
         match_condition: pod_match_condition(&CompatSettings::hami()),
         job_match_condition: None,
+        claim_match_condition: None,
         owner: None,
         excluded_namespaces: vec!["kube-system".into(), "vgpu".into()],
         timeout_seconds: 10,

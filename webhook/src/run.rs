@@ -18,6 +18,7 @@ use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
 use crate::admit::{Admitter, KubeCluster};
 use crate::args::{CertificateSource, RegistrationMode};
 use crate::certs::{CertSecret, Keeper, Mode, ServingCert};
+use crate::claims::ClaimAdmitter;
 use crate::client_auth::{ClientAuth, ClientAuthError};
 use crate::metrics::Metrics;
 use crate::registration::{self, Endpoint, Registration, RegistrationError};
@@ -121,6 +122,7 @@ fn registration_of(
         ca_bundle,
         match_condition: any_of(flavours, pod_match_condition),
         job_match_condition: args.volcano_jobs.then(|| any_of(flavours, job_match_condition)),
+        claim_match_condition: args.quotas.then(|| registration::claim_match_condition(&quota_classes(flavours))),
         owner,
         excluded_namespaces: excluded_namespaces(args),
         timeout_seconds: args.timeout_seconds,
@@ -168,6 +170,13 @@ pub fn settings(args: &WebhookArgs) -> Result<Vec<CompatSettings>, RunError> {
         strict_fit: args.strict_fit,
     };
     Ok(flavours(config.as_ref(), &options))
+}
+
+/// The DeviceClasses whose claims are charged to namespace quotas: those the name sets convert to.
+fn quota_classes(flavours: &[CompatSettings]) -> Vec<String> {
+    let mut classes: Vec<String> = flavours.iter().map(|f| f.device_class.clone()).collect();
+    classes.dedup();
+    classes
 }
 
 /// One `matchConditions` expression true for an object any of `flavours` converts.
@@ -259,7 +268,19 @@ async fn serve(
         _ => None,
     };
     let driver = flavours.first().map(|f| f.driver.clone()).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
-    let cluster = KubeCluster::new(client.clone(), &driver, API_TIMEOUT, SLICE_CACHE).with_card_models(&args.card_models);
+    let cluster = KubeCluster::new(client.clone(), &driver, API_TIMEOUT, SLICE_CACHE)
+        .with_card_models(&args.card_models)
+        .with_ledger_namespace(&args.namespace);
+    let claims = args.quotas.then(|| {
+        let keys = vgpu_scheduling::quota::quota_keys(&flavours);
+        Arc::new(ClaimAdmitter::new(
+            cluster.clone(),
+            keys,
+            quota_classes(&flavours),
+            metrics.clone(),
+            answer_within(args.timeout_seconds),
+        ))
+    });
     let registration = registration_of(args, &flavours, endpoint, Some(bundle.ca_pem.clone()), owner);
     let mut flavours = flavours.into_iter();
     let mut admitter = Admitter::new(flavours.next().unwrap_or_default(), cluster, metrics.clone());
@@ -267,7 +288,7 @@ async fn serve(
         admitter = admitter.with_flavour(more);
     }
     let admitter = Arc::new(admitter.with_deadline(answer_within(args.timeout_seconds)));
-    let router = server::admission_router(admitter);
+    let router = server::admission_router(admitter, claims);
     let https = tokio::spawn(server::serve_tls(listener, tls_config, router, Refusals::new(metrics), cancel.clone()));
 
     // Registered once the listener accepts, so the API server's first call finds it.

@@ -25,9 +25,11 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::admit::{Admitter, Cluster};
+use crate::claims::ClaimAdmitter;
 use crate::client_auth;
 use crate::metrics::Metrics;
-use crate::registration::{JOBS_PATH, PODS_PATH};
+use crate::quota::QuotaStore;
+use crate::registration::{CLAIMS_PATH, JOBS_PATH, PODS_PATH};
 
 /// How long a client has for its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -112,12 +114,23 @@ impl Refusals {
 }
 
 /// The admission routes: `POST /mutate-pods`, `POST /mutate-volcano-jobs` and `GET /healthz`.
-pub fn admission_router<C: Cluster>(admitter: Arc<Admitter<C>>) -> Router {
-    Router::new()
+pub fn admission_router<C: Cluster + QuotaStore>(admitter: Arc<Admitter<C>>, claims: Option<Arc<ClaimAdmitter<C>>>) -> Router {
+    let router = Router::new()
         .route(PODS_PATH, post(mutate_pod::<C>))
         .route(JOBS_PATH, post(mutate_job::<C>))
         .route("/healthz", get(|| async { "ok" }))
-        .with_state(admitter)
+        .with_state(admitter);
+    match claims {
+        Some(claims) => router.merge(Router::new().route(CLAIMS_PATH, post(mutate_claim::<C>)).with_state(claims)),
+        None => router,
+    }
+}
+
+async fn mutate_claim<C: Cluster + QuotaStore>(
+    State(claims): State<Arc<ClaimAdmitter<C>>>,
+    body: Bytes,
+) -> axum::response::Response {
+    reply(&claims.review(&body).await)
 }
 
 async fn mutate_pod<C: Cluster>(State(admitter): State<Arc<Admitter<C>>>, body: Bytes) -> axum::response::Response {

@@ -140,6 +140,8 @@ Job registered. */}}
 # Pods of Volcano's scheduler keep a request Volcano counts (docs/volcano.md).
 - --volcano-scheduler-names={{ .Values.webhook.volcano.schedulerNames | join "," }}
 - --volcano-cpu-request={{ .Values.webhook.volcano.cpuRequest }}
+# Every claim on the DeviceClass is charged to its namespace's GPU quotas (docs/quotas.md).
+- --quotas={{ .Values.webhook.quotas }}
 {{- end -}}
 
 {{/* The host directory the NVIDIA driver is installed under: nvidiaDriverRoot when set, else
