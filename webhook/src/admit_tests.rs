@@ -1,5 +1,6 @@
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 
 use serde_json::{Value, json};
@@ -7,6 +8,7 @@ use vgpu_scheduling::compat::CardModel;
 use vgpu_scheduling::convert_pod;
 
 use super::*;
+use crate::kube_cluster::KubeCluster;
 use crate::review::tests::{job_review, pod_review};
 
 #[derive(Debug, Default)]

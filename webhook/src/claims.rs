@@ -13,7 +13,8 @@ use kube::core::admission::AdmissionReview;
 use serde_json::json;
 use vgpu_scheduling::quota::Dimension;
 
-use crate::admit::{AdmitError, Cluster, KubeCluster};
+use crate::admit::{AdmitError, Cluster};
+use crate::kube_cluster::KubeCluster;
 use crate::metrics::{Metrics, Outcome};
 use crate::quota::{
     Checked, Ledger, QuotaOutcome, QuotaStore, RESERVATION_ANNOTATION, check_claim, ledger_data, ledger_from_data, ledger_name,

@@ -19,6 +19,7 @@ pub mod args;
 pub mod certs;
 pub mod claims;
 pub mod client_auth;
+pub mod kube_cluster;
 pub mod metrics;
 pub mod quota;
 pub mod registration;

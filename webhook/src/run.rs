@@ -15,11 +15,12 @@ use vgpu_scheduling::compat::{job_match_condition, pod_match_condition};
 use vgpu_scheduling::config::DEFAULT_DRIVER_NAME;
 use vgpu_scheduling::{CompatSettings, DeviceConfig, DeviceConfigError};
 
-use crate::admit::{Admitter, KubeCluster};
+use crate::admit::Admitter;
 use crate::args::{CertificateSource, RegistrationMode};
 use crate::certs::{CertSecret, Keeper, Mode, ServingCert};
 use crate::claims::ClaimAdmitter;
 use crate::client_auth::{ClientAuth, ClientAuthError};
+use crate::kube_cluster::KubeCluster;
 use crate::metrics::Metrics;
 use crate::registration::{self, Endpoint, Registration, RegistrationError};
 use crate::server::{Readiness, Refusals};
@@ -172,6 +173,26 @@ pub fn settings(args: &WebhookArgs) -> Result<Vec<CompatSettings>, RunError> {
     Ok(flavours(config.as_ref(), &options))
 }
 
+/// The routes answering the API server: pods and Volcano Jobs converted with `flavours`, and,
+/// with `--quotas`, claims checked against their namespace's GPU quotas.
+fn admission(args: &WebhookArgs, flavours: Vec<CompatSettings>, client: kube::Client, metrics: &Metrics) -> axum::Router {
+    let driver = flavours.first().map(|f| f.driver.clone()).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
+    let cluster = KubeCluster::new(client, &driver, API_TIMEOUT, SLICE_CACHE)
+        .with_card_models(&args.card_models)
+        .with_ledger_namespace(&args.namespace);
+    let deadline = answer_within(args.timeout_seconds);
+    let claims = args.quotas.then(|| {
+        let keys = vgpu_scheduling::quota::quota_keys(&flavours);
+        Arc::new(ClaimAdmitter::new(cluster.clone(), keys, quota_classes(&flavours), metrics.clone(), deadline))
+    });
+    let mut flavours = flavours.into_iter();
+    let mut admitter = Admitter::new(flavours.next().unwrap_or_default(), cluster, metrics.clone());
+    for more in flavours {
+        admitter = admitter.with_flavour(more);
+    }
+    server::admission_router(Arc::new(admitter.with_deadline(deadline)), claims)
+}
+
 /// The DeviceClasses whose claims are charged to namespace quotas: those the name sets convert to.
 fn quota_classes(flavours: &[CompatSettings]) -> Vec<String> {
     let mut classes: Vec<String> = flavours.iter().map(|f| f.device_class.clone()).collect();
@@ -267,28 +288,8 @@ async fn serve(
         (Some(role), RegistrationMode::Full) => Some(registration::cluster_role_owner(client.clone(), role, API_TIMEOUT).await?),
         _ => None,
     };
-    let driver = flavours.first().map(|f| f.driver.clone()).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
-    let cluster = KubeCluster::new(client.clone(), &driver, API_TIMEOUT, SLICE_CACHE)
-        .with_card_models(&args.card_models)
-        .with_ledger_namespace(&args.namespace);
-    let claims = args.quotas.then(|| {
-        let keys = vgpu_scheduling::quota::quota_keys(&flavours);
-        Arc::new(ClaimAdmitter::new(
-            cluster.clone(),
-            keys,
-            quota_classes(&flavours),
-            metrics.clone(),
-            answer_within(args.timeout_seconds),
-        ))
-    });
     let registration = registration_of(args, &flavours, endpoint, Some(bundle.ca_pem.clone()), owner);
-    let mut flavours = flavours.into_iter();
-    let mut admitter = Admitter::new(flavours.next().unwrap_or_default(), cluster, metrics.clone());
-    for more in flavours {
-        admitter = admitter.with_flavour(more);
-    }
-    let admitter = Arc::new(admitter.with_deadline(answer_within(args.timeout_seconds)));
-    let router = server::admission_router(admitter, claims);
+    let router = admission(args, flavours, client.clone(), &metrics);
     let https = tokio::spawn(server::serve_tls(listener, tls_config, router, Refusals::new(metrics), cancel.clone()));
 
     // Registered once the listener accepts, so the API server's first call finds it.
