@@ -67,16 +67,6 @@ fn hami_pods_run_unchanged_through_the_webhook() {
     }
 }
 
-/// The body of `GET /metrics` on `port`.
-fn metrics(port: u16) -> anyhow::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
-}
-
 fn templates(plane: &ControlPlane) -> anyhow::Result<usize> {
     let list = plane.kubectl().get_json(&["resourceclaimtemplates", "-n", "default"])?;
     Ok(list["items"].as_array().map_or(0, Vec::len))
@@ -196,7 +186,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         "spec:\n  initContainers:\n  - {name: init, image: registry.invalid/none, resources: {limits: {memory: 64Mi}}}\n",
     );
     kubectl.apply(&plain)?;
-    let text = metrics(metrics_port)?;
+    let text = webhook::metrics(metrics_port)?;
     let counted: f64 = text
         .lines()
         .filter(|l| l.starts_with("vgpu_dra_webhook_admissions_total{"))

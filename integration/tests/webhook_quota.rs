@@ -98,16 +98,6 @@ fn vgpu(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The body of `GET /metrics` on `port`.
-fn metrics(port: u16) -> anyhow::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
-    Ok(text)
-}
-
 #[test]
 fn namespace_gpu_quotas_hold_for_converted_native_and_direct_claims() {
     let mut plane = ControlPlane::start().expect("control plane");
@@ -175,7 +165,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let usage = vgpu(plane, &["usage", "-n", "team"])?;
     let row = usage.lines().find(|l| l.contains("limits.nvidia.com/gpumem")).unwrap_or_default();
     ensure!(row.split_whitespace().collect::<Vec<_>>() == ["gpu", "limits.nvidia.com/gpumem", "1500", "2000"], "{usage}");
-    let text = metrics(metrics_port)?;
+    let text = webhook::metrics(metrics_port)?;
     let want = r#"vgpu_dra_webhook_quota_used{namespace="team",quota="gpu",key="limits.nvidia.com/gpumem"} 1500"#;
     ensure!(text.contains(want), "{want} missing from {text}");
 

@@ -59,3 +59,13 @@ pub fn wait_called(plane: &ControlPlane, webhook: &mut ManagedProcess, probe: &s
         Ok(pod["spec"]["resourceClaims"].is_array().then_some(pod))
     })
 }
+
+/// The body of `GET /metrics` on the webhook's metrics `port`.
+pub fn metrics(port: u16) -> anyhow::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
+}
