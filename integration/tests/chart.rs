@@ -687,7 +687,7 @@ fn webhook_scenario(plane: &ControlPlane, kubectl: &Kubectl) -> anyhow::Result<(
 fn cannot_widen_its_registration(kubectl: &Kubectl, as_webhook: &Kubectl, name: &str) -> anyhow::Result<()> {
     let config = kubectl.get_json(&["mutatingwebhookconfiguration", name])?;
     let hooks = config["webhooks"].as_array().map_or(0, Vec::len);
-    anyhow::ensure!(hooks == 2, "a pod and a Volcano Job webhook: {config}");
+    anyhow::ensure!(hooks == 3, "a pod, a Volcano Job and a ResourceClaim (GPU quota) webhook: {config}");
     let w = "/webhooks/0";
     let mut changes: Vec<(&str, serde_json::Value)> = vec![
         ("all namespaces", serde_json::json!([{"op": "replace", "path": format!("{w}/namespaceSelector"), "value": {}}])),
@@ -727,6 +727,11 @@ fn cannot_widen_its_registration(kubectl: &Kubectl, as_webhook: &Kubectl, name: 
             serde_json::json!([{"op": "replace", "path": format!("{w}/clientConfig/url"), "value": "https://attacker.example.com/mutate"}]),
         ),
         ("a webhook less", serde_json::json!([{"op": "remove", "path": "/webhooks/1"}])),
+        ("no quota check", serde_json::json!([{"op": "remove", "path": "/webhooks/2"}])),
+        (
+            "claims let through when it is down",
+            serde_json::json!([{"op": "replace", "path": "/webhooks/2/failurePolicy", "value": "Ignore"}]),
+        ),
         ("no owner (left behind at uninstall)", serde_json::json!([{"op": "remove", "path": "/metadata/ownerReferences"}])),
         ("other labels", serde_json::json!([{"op": "add", "path": "/metadata/labels/extra", "value": "x"}])),
     ];
