@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use common::webhook::{self, DEVICE_CLASS};
+use common::webhook;
 use common::{Dirs, NODE, cdi_check, claim_response, kubelet};
 use serde_json::Value;
 use vgpu_dra_integration::{ControlPlane, Kubectl, driver_binary, eventually, free_port, node_host_dir, start_driver};
@@ -112,15 +112,8 @@ fn hamis_fit_rules_hold_and_pods_that_fit_no_node_yet_wait_for_one() {
 
 fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let kubectl = plane.kubectl().clone();
-    kubectl.apply(DEVICE_CLASS)?;
-    kubectl.run(&["create", "namespace", WEBHOOK_NAMESPACE])?;
-    plane.create_node(NODE)?;
-    let dirs = Dirs::new(plane.dir());
-    let mut small = start_driver(plane, "driver", NODE, &dirs.args().iter().map(String::as_str).collect::<Vec<_>>())?;
+    let (dirs, mut small) = webhook::node_with_class(plane, WEBHOOK_NAMESPACE)?;
     let mut kubelet = kubelet(&dirs);
-    eventually("the small node's slice", Duration::from_secs(30), || {
-        Ok(kubectl.get_json(&["resourceslices"])?["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
-    })?;
     let port = plane.webhook_port();
     let flags = [format!("--metrics-address=127.0.0.1:{}", free_port()?), format!("--card-model={A100}=40Gi")];
     let mut hook = webhook::spawn(plane, "webhook", (port, port), WEBHOOK_NAMESPACE, &flags)?;

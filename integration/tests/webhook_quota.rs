@@ -15,8 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use common::webhook::{self, DEVICE_CLASS};
-use common::{Dirs, NODE, driver};
+use common::webhook;
 use serde_json::{Value, json};
 use vgpu_dra_integration::{ControlPlane, Kubectl, WEBHOOK_CLIENT_NAME, driver_binary, eventually, free_port};
 
@@ -108,17 +107,10 @@ fn namespace_gpu_quotas_hold_for_converted_native_and_direct_claims() {
 
 fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let kubectl = plane.kubectl().clone();
-    kubectl.apply(DEVICE_CLASS)?;
-    kubectl.run(&["create", "namespace", WEBHOOK_NAMESPACE])?;
+    let (_dirs, mut drv) = webhook::node_with_class(plane, WEBHOOK_NAMESPACE)?;
     for ns in ["team", "cores", "race"] {
         kubectl.run(&["create", "namespace", ns])?;
     }
-    plane.create_node(NODE)?;
-    let dirs = Dirs::new(plane.dir());
-    let mut drv = driver(plane, &dirs, "driver");
-    eventually("the node's slice", Duration::from_secs(30), || {
-        Ok(kubectl.get_json(&["resourceslices"])?["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
-    })?;
     let port = plane.webhook_port();
     let metrics_port = free_port()?;
     let flags = [format!("--metrics-address=127.0.0.1:{metrics_port}")];

@@ -69,3 +69,19 @@ pub fn metrics(port: u16) -> anyhow::Result<String> {
     stream.read_to_string(&mut text)?;
     Ok(text)
 }
+
+/// HAMi's DeviceClass, the webhook's `namespace`, and node [`super::NODE`] with its driver (on
+/// the common [`super::Dirs`]) once its slice is published: where the webhook tests on the real
+/// scheduler start.
+pub fn node_with_class(plane: &ControlPlane, namespace: &str) -> anyhow::Result<(super::Dirs, ManagedProcess)> {
+    let kubectl = plane.kubectl();
+    kubectl.apply(DEVICE_CLASS)?;
+    kubectl.run(&["create", "namespace", namespace])?;
+    plane.create_node(super::NODE)?;
+    let dirs = super::Dirs::new(plane.dir());
+    let driver = super::driver(plane, &dirs, "driver");
+    eventually("the node's slice", Duration::from_secs(30), || {
+        Ok(kubectl.get_json(&["resourceslices"])?["items"].as_array().is_some_and(|i| !i.is_empty()).then_some(()))
+    })?;
+    Ok((dirs, driver))
+}
