@@ -15,22 +15,9 @@ use crate::{ControlPlane, ManagedProcess};
 /// When the build fails.
 pub fn driver_binary() -> anyhow::Result<&'static Path> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| build().map_err(|e| format!("{e:#}"))).as_deref().map_err(|e| anyhow::anyhow!("building vgpu-dra: {e}"))
-}
-
-fn build() -> anyhow::Result<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(&root)
-        .args(["build", "-q", "-p", "vgpu-dra", "--bin", "vgpu-dra"])
-        .status()
-        .context("running cargo")?;
-    if !status.success() {
-        bail!("cargo build -p vgpu-dra failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-    Ok(target.join("debug/vgpu-dra"))
+    BIN.get_or_init(|| build("vgpu-dra", "vgpu-dra").map(|dir| dir.join("vgpu-dra")).map_err(|e| format!("{e:#}")))
+        .as_deref()
+        .map_err(|e| anyhow::anyhow!("building vgpu-dra: {e}"))
 }
 
 /// The directory holding `kubectl-vgpu` (and `vgpu-dra`), built once per test process: on
@@ -40,22 +27,25 @@ fn build() -> anyhow::Result<PathBuf> {
 /// When the plugin cannot be built.
 pub fn plugin_dir() -> anyhow::Result<&'static Path> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(&root)
-            .args(["build", "-q", "-p", "vgpu-dra-cli", "--bin", "kubectl-vgpu"])
-            .status()
-            .map_err(|e| format!("running cargo: {e}"))?;
-        if !status.success() {
-            return Err("cargo build -p vgpu-dra-cli failed".to_owned());
-        }
-        let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
-        Ok(target.join("debug"))
-    })
-    .as_deref()
-    .map_err(|e| anyhow::anyhow!("building kubectl-vgpu: {e}"))
+    DIR.get_or_init(|| build("vgpu-dra-cli", "kubectl-vgpu").map_err(|e| format!("{e:#}")))
+        .as_deref()
+        .map_err(|e| anyhow::anyhow!("building kubectl-vgpu: {e}"))
+}
+
+/// Builds binary `bin` of `package` (debug) and returns the directory cargo puts it in.
+fn build(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .status()
+        .context("running cargo")?;
+    if !status.success() {
+        bail!("cargo build -p {package} failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
+    Ok(target.join("debug"))
 }
 
 /// The stand-in for `node`'s host file system that [`start_driver`] points a driver at unless told

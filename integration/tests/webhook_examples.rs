@@ -14,7 +14,6 @@
 
 use std::collections::BTreeSet;
 use std::io::Write as _;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -168,18 +167,7 @@ impl Bed {
     /// `kubectl create -f -`: stderr on success (where kubectl prints admission warnings), the
     /// error with stderr otherwise.
     fn create(&self, yaml: &str) -> anyhow::Result<String> {
-        let mut child = Command::new(&self.plane.components().kubectl)
-            .arg(format!("--kubeconfig={}", self.plane.kubeconfig().display()))
-            .args(["create", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        child.stdin.take().context("kubectl stdin")?.write_all(yaml.as_bytes())?;
-        let out = child.wait_with_output()?;
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        ensure!(out.status.success(), "kubectl create: {stderr}");
-        Ok(stderr)
+        webhook::create(&self.plane, yaml)
     }
 
     fn pod(&self, ns: &str, name: &str) -> anyhow::Result<Value> {

@@ -12,15 +12,13 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use common::webhook;
 use common::{Dirs, NODE, cdi_check, claim_response, kubelet};
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, Kubectl, driver_binary, eventually, free_port, node_host_dir, start_driver};
+use vgpu_dra_integration::{ControlPlane, Kubectl, eventually, free_port, node_host_dir, start_driver};
 
 const WEBHOOK_NAMESPACE: &str = "vgpu-dra";
 /// The node that joins later, with larger cards and more of them.
@@ -32,22 +30,6 @@ fn pod(name: &str, annotations: &str, limits: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec:\n  containers:\n  - name: cuda\n    image: registry.invalid/none\n    resources:\n      limits: {{{limits}}}\n"
     )
-}
-
-/// `kubectl create -f -`: kubectl's stderr (where admission warnings go) on success.
-fn create(plane: &ControlPlane, yaml: &str) -> anyhow::Result<String> {
-    let mut child = Command::new(&plane.components().kubectl)
-        .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
-        .args(["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
-    let out = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    ensure!(out.status.success(), "kubectl create: {stderr}");
-    Ok(stderr)
 }
 
 /// The node pod `name` is bound to, once it is.
@@ -93,15 +75,6 @@ fn delete(kubectl: &Kubectl, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `vgpu-dra why <pod>`: what it prints.
-fn why(plane: &ControlPlane, name: &str) -> anyhow::Result<String> {
-    let out = Command::new(driver_binary()?)
-        .args(["why", name, "-n", "default", &format!("--kubeconfig={}", plane.kubeconfig().display())])
-        .output()?;
-    ensure!(out.status.success(), "why {name}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 #[test]
 fn hamis_fit_rules_hold_and_pods_that_fit_no_node_yet_wait_for_one() {
     let mut plane = ControlPlane::start().expect("control plane");
@@ -120,12 +93,12 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     webhook::wait_called(plane, &mut hook, &pod("probe", "", "nvidia.com/gpu: 1"))?;
 
     // 1. Exclusive first: a cores-100 pod holds the T4; a memory-only pod (cores 0) waits.
-    create(plane, &pod("exclusive", "", "nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 100"))?;
+    webhook::create(plane, &pod("exclusive", "", "nvidia.com/gpu: 1, nvidia.com/gpumem: 3000, nvidia.com/gpucores: 100"))?;
     let (_, result) = allocation(&kubectl, "exclusive")?;
     ensure!(result["consumedCapacity"]["cores"] == "100", "every core: {result}");
-    create(plane, &pod("cores-zero", "", "nvidia.com/gpumem: 3000"))?;
+    webhook::create(plane, &pod("cores-zero", "", "nvidia.com/gpumem: 3000"))?;
     let message = wait_unschedulable(&kubectl, "cores-zero")?;
-    let text = why(plane, "cores-zero")?;
+    let text = webhook::vgpu(plane, &["why", "cores-zero", "-n", "default"])?;
     ensure!(text.contains("cores short by 1m"), "why names the cores: {text}\n(scheduler: {message})");
     // ... and runs when they free; it consumes the least a share takes, and no SM limit.
     delete(&kubectl, "exclusive")?;
@@ -142,7 +115,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
     // 2. Exclusive second, with cores above a card: clamped to 100 with a warning, and it waits
     // for the card to be free of the cores-0 pod rather than joining it.
-    let stderr = create(plane, &pod("clamped", "", "nvidia.com/gpu: 1, nvidia.com/gpucores: 150"))?;
+    let stderr = webhook::create(plane, &pod("clamped", "", "nvidia.com/gpu: 1, nvidia.com/gpucores: 150"))?;
     ensure!(stderr.contains("Warning:") && stderr.contains("nvidia.com/gpucores 150") && stderr.contains("100"), "{stderr}");
     wait_unschedulable(&kubectl, "clamped")?;
     kubelet.unprepare(&[("default", &claim, &uid)])?;
@@ -151,7 +124,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let (_, result) = allocation(&kubectl, "clamped")?;
     ensure!(result["consumedCapacity"]["cores"] == "100", "{result}");
     // Nothing joins it: neither some cores nor none.
-    create(plane, &pod("joiner", "", "nvidia.com/gpumem: 1000, nvidia.com/gpucores: 10"))?;
+    webhook::create(plane, &pod("joiner", "", "nvidia.com/gpumem: 1000, nvidia.com/gpucores: 10"))?;
     wait_unschedulable(&kubectl, "joiner")?;
     delete(&kubectl, "joiner")?;
 
@@ -163,18 +136,18 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         ("huge-memory", "", "nvidia.com/gpumem: 50000, nvidia.com/gpucores: 10", "nvidia.com/gpumem"),
     ];
     for (name, annotations, limits, warned) in waits {
-        let stderr = create(plane, &pod(name, annotations, limits))?;
+        let stderr = webhook::create(plane, &pod(name, annotations, limits))?;
         ensure!(stderr.contains("Warning:") && stderr.contains(warned) && stderr.contains("waits until"), "{name}: {stderr}");
         wait_unschedulable(&kubectl, name)?;
-        let text = why(plane, name)?;
+        let text = webhook::vgpu(plane, &["why", name, "-n", "default"])?;
         ensure!(text.contains(NODE) && text.contains("pending"), "{name}: why says nothing of the node: {text}");
     }
-    let stderr = create(plane, &pod("big-memory", "", "nvidia.com/gpumem: 20000, nvidia.com/gpucores: 10"))?;
+    let stderr = webhook::create(plane, &pod("big-memory", "", "nvidia.com/gpumem: 20000, nvidia.com/gpucores: 10"))?;
     ensure!(!stderr.contains("Warning:"), "{stderr}");
     wait_unschedulable(&kubectl, "big-memory")?;
     // A percentage of a model no node publishes yet: expressible from --card-model.
     let a100_only = format!("nvidia.com/use-gputype: \"{A100}\"");
-    create(plane, &pod("a100-half", &a100_only, "nvidia.com/gpumem-percentage: 50, nvidia.com/gpucores: 10"))?;
+    webhook::create(plane, &pod("a100-half", &a100_only, "nvidia.com/gpumem-percentage: 50, nvidia.com/gpucores: 10"))?;
     wait_unschedulable(&kubectl, "a100-half")?;
 
     // A node with two larger cards joins: all three run there.

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, ensure};
 use common::webhook;
 use serde_json::{Value, json};
-use vgpu_dra_integration::{ControlPlane, Kubectl, WEBHOOK_CLIENT_NAME, driver_binary, eventually, free_port};
+use vgpu_dra_integration::{ControlPlane, Kubectl, WEBHOOK_CLIENT_NAME, eventually, free_port};
 
 const WEBHOOK_NAMESPACE: &str = "vgpu-dra";
 const CLASS: &str = "hami-core-gpu.project-hami.io";
@@ -90,13 +90,6 @@ fn review(port: u16, identity: (&Path, &Path), namespace: &str, object: &Value, 
     Ok(allowed)
 }
 
-/// `vgpu-dra <args> --kubeconfig <plane's>`: its standard output.
-fn vgpu(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(driver_binary()?).args(args).arg(format!("--kubeconfig={}", plane.kubeconfig().display())).output()?;
-    ensure!(out.status.success(), "vgpu-dra {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 #[test]
 fn namespace_gpu_quotas_hold_for_converted_native_and_direct_claims() {
     let mut plane = ControlPlane::start().expect("control plane");
@@ -130,7 +123,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         "{reason}"
     );
     ensure!(!scheduled(&kubectl, "team", "second")?, "second ran past the quota");
-    let why = vgpu(plane, &["why", "second", "-n", "team"])?;
+    let why = webhook::vgpu(plane, &["why", "second", "-n", "team"])?;
     ensure!(why.contains("the resource claim controller cannot create it") && why.contains("exceeded quota: gpu"), "{why}");
     // A claim written directly is refused at once, in the same words.
     let direct = serde_json::to_string(&claim("direct", "team", 1, "1500Mi", 10))?;
@@ -154,7 +147,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     })?;
 
     // What the namespace holds, as kubectl vgpu usage and the webhook's metrics show it.
-    let usage = vgpu(plane, &["usage", "-n", "team"])?;
+    let usage = webhook::vgpu(plane, &["usage", "-n", "team"])?;
     let row = usage.lines().find(|l| l.contains("limits.nvidia.com/gpumem")).unwrap_or_default();
     ensure!(row.split_whitespace().collect::<Vec<_>>() == ["gpu", "limits.nvidia.com/gpumem", "1500", "2000"], "{usage}");
     let text = webhook::metrics(metrics_port)?;

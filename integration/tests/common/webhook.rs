@@ -85,3 +85,32 @@ pub fn node_with_class(plane: &ControlPlane, namespace: &str) -> anyhow::Result<
     })?;
     Ok((dirs, driver))
 }
+
+/// `kubectl create -f -` of `yaml`: kubectl's stderr (where admission warnings go) on success,
+/// the error with it otherwise.
+pub fn create(plane: &ControlPlane, yaml: &str) -> anyhow::Result<String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(&plane.components().kubectl)
+        .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+        .args(["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    child.stdin.take().ok_or_else(|| anyhow::anyhow!("kubectl stdin"))?.write_all(yaml.as_bytes())?;
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    anyhow::ensure!(out.status.success(), "kubectl create: {stderr}");
+    Ok(stderr)
+}
+
+/// `vgpu-dra <args> --kubeconfig <plane's>`: its standard output, once it succeeded.
+pub fn vgpu(plane: &ControlPlane, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new(driver_binary()?)
+        .args(args)
+        .arg(format!("--kubeconfig={}", plane.kubeconfig().display()))
+        .output()?;
+    anyhow::ensure!(out.status.success(), "vgpu-dra {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
