@@ -249,6 +249,20 @@ pub struct KubeletPluginArgs {
     /// to a node); off: each prepare reads its claim (quorum) and pod (`get` only).
     #[arg(long, env = "VGPU_DRA_POD_WATCH", default_value_t = false, action = clap::ArgAction::Set)]
     pub pod_watch: bool,
+    /// How often the node monitor reads each prepared claim's HAMi-core region (usage metrics,
+    /// task priority, idle-card bursting), in milliseconds; 0 turns the monitor off.
+    #[arg(long, env = "VGPU_DRA_MONITOR_INTERVAL_MS", default_value_t = 5000)]
+    pub monitor_interval_ms: u64,
+    /// Let a claim use more than its SM limit while no other claim of the same or a higher
+    /// priority is active on its card (HAMi's behaviour); false keeps every claim throttled to
+    /// its limit at all times (strict isolation).
+    #[arg(long, env = "VGPU_DRA_IDLE_BURSTING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub idle_bursting: bool,
+    /// Also export the usage metrics under HAMi's legacy names and labels
+    /// (`vGPU_device_memory_usage_in_bytes{podnamespace,podname,ctrname,vdeviceid,deviceuuid}`,
+    /// ...), for HAMi's WebUI and dashboards.
+    #[arg(long, env = "VGPU_DRA_LEGACY_METRICS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub legacy_metrics: bool,
 }
 
 /// Log line formats.

@@ -19,6 +19,9 @@ use crate::config::Resolved;
 use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource, SnapshotSource};
 use crate::http::{Probes, Scrape};
 use crate::metrics::{Metrics, WatchRestarts};
+use crate::monitor::feedback::SwitchMode;
+use crate::monitor::metrics::MonitorMetrics;
+use crate::monitor::{Monitor, MonitorOptions};
 use crate::plugin;
 use crate::plugin::api::node_pods::{NodePods, ReadAheadMetrics};
 use crate::plugin::api::{ClaimCache, ClaimSource, DEFAULT_API_TIMEOUT};
@@ -91,18 +94,27 @@ pub struct Telemetry {
     pub publish: PublishMetrics,
     /// The devices' figures, set at each scrape.
     pub report: Arc<DeviceReport>,
+    /// The node monitor's usage figures.
+    pub monitor: MonitorMetrics,
 }
 
 impl Telemetry {
-    /// Registers every component's families for `node`.
+    /// Registers every component's families for `node`, HAMi's legacy names included.
     pub fn new(node: String) -> Self {
+        Self::with_legacy_names(node, true)
+    }
+
+    /// Registers every component's families for `node`; HAMi's legacy names only when
+    /// `legacy_names`.
+    pub fn with_legacy_names(node: String, legacy_names: bool) -> Self {
         let mut registry = Registry::default();
         let restarts = WatchRestarts::register(&mut registry);
         let calls = CallMetrics::register(&mut registry);
         let read_ahead = ReadAheadMetrics::register(&mut registry, &restarts);
         let publish = PublishMetrics::register(&mut registry, &restarts);
         let report = Arc::new(DeviceReport::register(&mut registry, node));
-        Self { metrics: Arc::new(Metrics::new(registry)), calls, read_ahead, publish, report }
+        let monitor = MonitorMetrics::register(&mut registry, legacy_names);
+        Self { metrics: Arc::new(Metrics::new(registry)), calls, read_ahead, publish, report, monitor }
     }
 }
 
@@ -119,6 +131,7 @@ pub struct App {
     telemetry: Telemetry,
     metrics_address: std::net::SocketAddr,
     state_check: Duration,
+    monitor: Option<Monitor>,
 }
 
 impl App {
@@ -137,7 +150,7 @@ impl App {
         let node = args.node_name.clone();
         tracing::info!(%node, driver = %config.driver_name, split = config.device_split_count, "vgpu-dra kubelet plugin starting");
         let paths = Paths::new(&args.kubelet_dir, config.driver_name.as_str());
-        let telemetry = Telemetry::new(node.clone());
+        let telemetry = Telemetry::with_legacy_names(node.clone(), args.legacy_metrics);
         let cdi = cdi_options(args, &config)?;
         {
             let cdi = cdi.clone();
@@ -146,6 +159,7 @@ impl App {
                 .context("preparing HAMi-core's host files")?;
         }
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
+        let claims_root = cdi.claims_root.clone();
         snapshots.first(FIRST_INVENTORY).await.with_context(|| format!("no GPU inventory within {FIRST_INVENTORY:?}"))?;
         if let Ok(inventory) = snapshots.inventory() {
             resolved.log_mig(&inventory);
@@ -169,12 +183,18 @@ impl App {
             .await
             .context("recovering prepared claims")?
             .with_fail_point(args.fail_point);
+        let state = Arc::new(state);
+        let monitor = (args.monitor_interval_ms > 0).then(|| {
+            let switch = if args.idle_bursting { SwitchMode::Feedback } else { SwitchMode::AlwaysOn };
+            let options = MonitorOptions { interval: Duration::from_millis(args.monitor_interval_ms.max(100)), switch };
+            Monitor::new(state.clone(), claims_root, options, telemetry.monitor.clone())
+        });
         let publisher =
             Publisher::new(client.clone(), node.clone(), snapshots.clone(), config.clone(), PublisherOptions::default())
                 .with_metrics(telemetry.publish.clone());
         Ok(Self {
             paths,
-            state: Arc::new(state),
+            state,
             node_pods,
             client,
             publisher,
@@ -184,14 +204,28 @@ impl App {
             telemetry,
             metrics_address: args.metrics_address,
             state_check: Duration::from_millis(args.state_check_ms.max(100)),
+            monitor,
         })
     }
 
     /// Starts every part; the handle ends when all have stopped. A part that cannot go on
     /// (the kubelet's sockets, the metrics endpoint) cancels the others.
     pub fn spawn(self, cancel: &CancellationToken) -> JoinHandle<()> {
-        let Self { paths, state, node_pods, client, publisher, snapshots, config, pool, telemetry, metrics_address, state_check } =
-            self;
+        let Self {
+            paths,
+            state,
+            node_pods,
+            client,
+            publisher,
+            snapshots,
+            config,
+            pool,
+            telemetry,
+            metrics_address,
+            state_check,
+            monitor,
+        } = self;
+        let monitor = monitor.map(|m| tokio::spawn(m.run(cancel.clone())));
         let driver = config.driver_name.to_string();
         let pod_watch = node_pods.map(|pods| tokio::spawn(pods.run(client, DEFAULT_API_TIMEOUT, cancel.clone())));
         let maintenance = tokio::spawn(state.clone().maintain(state_check, cancel.clone()));
@@ -214,12 +248,15 @@ impl App {
         });
         let publisher = tokio::spawn(publisher.run(cancel.clone()));
         tokio::spawn(async move {
-            let pod_watch = async move {
+            let optional = async move {
                 if let Some(watch) = pod_watch {
                     let _ = watch.await;
                 }
+                if let Some(monitor) = monitor {
+                    let _ = monitor.await;
+                }
             };
-            let _ = tokio::join!(plugin, publisher, http, health_feed, maintenance, pod_watch);
+            let _ = tokio::join!(plugin, publisher, http, health_feed, maintenance, optional);
         })
     }
 }
@@ -356,6 +393,18 @@ mod tests {
             c.get_or_create(&l).inc();
         }
         t.read_ahead.pod_events.inc();
+        t.monitor.bad_regions.get_or_create(&l).inc();
+        t.monitor.writes.get_or_create(&l).inc();
+        let key = crate::monitor::metrics::SeriesKey {
+            namespace: "ns".into(),
+            pod: "p".into(),
+            container: "c".into(),
+            claim_uid: "u-1".into(),
+            index: 0,
+            uuid: "GPU-a".into(),
+        };
+        let usage = crate::monitor::region::DeviceUsage::default();
+        t.monitor.show(&[(key, crate::monitor::metrics::CardFigures { usage, limit: 1, since_last_kernel: Some(1) })]);
         let exposed: std::collections::BTreeSet<String> = t
             .metrics
             .encode()

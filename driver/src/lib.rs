@@ -1,8 +1,8 @@
 //! vgpu-dra: a Kubernetes DRA driver that shares NVIDIA GPUs between pods with HAMi-core limits.
 //!
 //! The library holds everything the `vgpu-dra` binary does, so tests can call it: discovery of
-//! the node's GPUs ([`discovery`]), the ResourceSlices built from them ([`slices`]) and the
-//! command-line front end ([`cli`]). The arithmetic lives in `vgpu-scheduling`, the CDI file
+//! the node's GPUs ([`discovery`]), the ResourceSlices built from them ([`slices`]), the node
+//! monitor of HAMi-core's regions ([`monitor`]) and the command-line front end ([`cli`]). The arithmetic lives in `vgpu-scheduling`, the CDI file
 //! handling in `cdi-spec`, the kubelet's wire contracts in `vgpu-dra-proto`.
 
 pub mod backoff;
@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod fsutil;
 pub mod http;
 pub mod metrics;
+pub mod monitor;
 pub mod plugin;
 pub mod publisher;
 pub mod slices;

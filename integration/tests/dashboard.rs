@@ -12,6 +12,8 @@ use serde_json::Value;
 use vgpu_dra::daemon::Telemetry;
 use vgpu_dra::discovery::DeviceSource;
 use vgpu_dra::discovery::mock::{MockSource, parse_spec};
+use vgpu_dra::monitor::metrics::{CardFigures, SeriesKey};
+use vgpu_dra::monitor::region::DeviceUsage;
 use vgpu_dra::plugin::state::StateSnapshot;
 use vgpu_scheduling::{SharingConfig, publish};
 
@@ -138,6 +140,16 @@ fn exported() -> BTreeSet<String> {
     telemetry.calls.unprepared(0.01, true);
     telemetry.publish.wrote("apply", false);
     telemetry.report.update(&StateSnapshot { published, usage, shares: Vec::new(), prepared: 1, overcommitted });
+    let key = SeriesKey {
+        namespace: "ns".into(),
+        pod: "p".into(),
+        container: "main".into(),
+        claim_uid: "u-1".into(),
+        index: 0,
+        uuid: "GPU-a".into(),
+    };
+    telemetry.monitor.show(&[(key, CardFigures { usage: DeviceUsage::default(), limit: 1, since_last_kernel: Some(1) })]);
+    telemetry.monitor.bad_regions.get_or_create(&vec![("reason".to_owned(), "links".to_owned())]).inc();
     let text = telemetry.metrics.encode();
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
@@ -168,6 +180,8 @@ fn the_dashboard_uses_only_metrics_the_driver_exports() {
         "vgpu_dra_device_capacity",
         "vgpu_dra_prepare_duration_seconds_bucket",
         "vgpu_dra_prepare_errors_total",
+        "hami_vgpu_memory_used_bytes",
+        "hami_container_device_utilization_ratio",
     ] {
         assert!(used.contains(want), "no panel uses {want}");
     }

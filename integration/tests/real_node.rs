@@ -13,6 +13,10 @@
 //! the same limits. Last, the compatibility path: 003's pod as written for HAMi
 //! (`nvidia.com/gpu: 1`, `nvidia.com/gpumem: 4096`, `nvidia.com/gpucores: 50`) is converted by
 //! our admission webhook into a claim, starts on a share freed for it, and sees the same limits.
+//! Then the node monitor, with the stand-in's regions and kernel launches: a running pod's usage
+//! in the metrics, a lone active pod bursting and
+//! throttled again when a second is active, and a priority-0 pod blocking a priority-1 one within
+//! two ticks and releasing it when it stops.
 //! Then a pod fills its claim directory with what a hostile tenant would (50,000 nested
 //! directories, 20,000 files, a FIFO, links to host files) and ends: the driver unprepares it and
 //! stays up.
@@ -38,7 +42,7 @@ use common::chart::{chart_dir, helm, run_as_daemonset_pod};
 use common::{card_uuid, webhook};
 use serde_json::Value;
 use vgpu_dra_integration::node::{BUSYBOX_IMAGE, DYNAMIC_PROGRAM, Node, build_stand_in};
-use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, node_host_dir};
+use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, http_get, node_host_dir};
 
 const NODE: &str = "gpu-node";
 /// `nobody`: stands for any user but root that a container runs as.
@@ -63,7 +67,8 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
     std::fs::create_dir_all(&vgpu)?;
     build_stand_in(&vgpu.join("libvgpu.so"), &lock)?;
     install_chart(plane)?;
-    let mut driver = chart_driver(plane)?;
+    let metrics_port = free_port()?;
+    let mut driver = chart_driver(plane, metrics_port)?;
     let card = eventually("the node's ResourceSlice", Duration::from_secs(60), || {
         driver.check_running()?;
         node.check_running()?;
@@ -124,7 +129,7 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
     // A driver restart while pods run: they keep running, their specs stay as they were.
     let specs = spec_files(node)?;
     driver.stop();
-    let mut driver = chart_driver(plane)?;
+    let mut driver = chart_driver(plane, metrics_port)?;
     eventually("the restarted driver's ResourceSlice", Duration::from_secs(60), || {
         driver.check_running()?;
         card_uuid(&kubectl, "hami-gpu-0")
@@ -177,6 +182,8 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
         driver.check_running()?;
         Ok((cdi_specs(node, &claim_uids[0]) == 0).then_some(()))
     })?;
+    node_monitor(node, &kubectl, &mut driver, &vgpu, &card, metrics_port).context("the node monitor")?;
+    // Last: its clean-up empties the claims' root.
     hostile_claim_directory(node, &kubectl, &mut driver, &vgpu).context("a pod that fills its claim directory")?;
     Ok(())
 }
@@ -211,10 +218,15 @@ fn install_chart(plane: &ControlPlane) -> anyhow::Result<()> {
 /// The driver as the chart's DaemonSet runs it on this node: its arguments, and the token of its
 /// service account bound to a pod on the node (the slice policy checks the node it names), so it
 /// can do only what the chart allows.
-fn chart_driver(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
-    Ok(run_as_daemonset_pod(plane, CHART_NS, "vgpu-dra", NODE, &["--mock-gpus=1xTesla T4:15Gi", "--state-check-ms=1000"])?
-        .process)
+fn chart_driver(plane: &ControlPlane, metrics_port: u16) -> anyhow::Result<ManagedProcess> {
+    let metrics = format!("--metrics-address=127.0.0.1:{metrics_port}");
+    let extra = ["--mock-gpus=1xTesla T4:15Gi", "--state-check-ms=1000", &metrics, MONITOR_INTERVAL, "--legacy-metrics=true"];
+    Ok(run_as_daemonset_pod(plane, CHART_NS, "vgpu-dra", NODE, &extra)?.process)
 }
+
+/// The node monitor's tick in this test: a fifth of HAMi's 5 s, so its cases take seconds.
+const MONITOR_INTERVAL: &str = "--monitor-interval-ms=1000";
+const TICK: Duration = Duration::from_secs(1);
 
 /// Finding 1 of the tenant-safety issue, on a real node: a pod nests 50,000 directories in its
 /// claim directory (1,000 levels at a time, moved under the next, so no path grows past
@@ -320,6 +332,172 @@ mkdir tree
 n=0; while [ $n -lt 50 ]; do mkdir -p "next/$chain" && mv tree "next/$chain" && mv next tree || break; n=$((n+1)); done
 echo "levels=$n"
 "#;
+
+/// The node monitor with the stand-in's regions: (a) a running pod's usage in the metrics under
+/// HAMi DRA's and HAMi's legacy names; (c) a lone active pod may burst (its switch goes to 0) and
+/// is throttled again (1) once a second pod is active on the card; (b) that second pod has
+/// priority 0, so the first (priority 1) is blocked within two ticks of it becoming active and
+/// released once it stops. 003's pod converted by the webhook still holds 50 cores of the card,
+/// idle: an idle pod changes nothing.
+fn node_monitor(
+    node: &mut Node,
+    kubectl: &Kubectl,
+    driver: &mut ManagedProcess,
+    vgpu: &Path,
+    card: &str,
+    metrics_port: u16,
+) -> anyhow::Result<()> {
+    kubectl.apply(&monitored_pod("lone", None))?;
+    let lone = running_claim_dir(node, kubectl, driver, vgpu, "lone")?;
+    let uid = lone.file_name().and_then(|n| n.to_str()).context("claim directory name")?.to_owned();
+    let region = lone.join(format!("{card}.cache"));
+    let labels =
+        format!(r#"namespace="default",pod="lone",container="main",claim_uid="{uid}",vdevice_index="0",device_uuid="{card}""#);
+    let legacy = format!(r#"podnamespace="default",podname="lone",ctrname="main",vdeviceid="0",deviceuuid="{card}",zone="vGPU""#);
+    let wanted = [
+        (format!("hami_vgpu_memory_used_bytes{{{labels}}}"), 1_073_741_824.0),
+        (format!("hami_vgpu_memory_limit_bytes{{{labels}}}"), 2_147_483_648.0),
+        (format!("hami_container_device_utilization_ratio{{{labels}}}"), 15.0),
+        (format!("vGPU_device_memory_usage_in_bytes{{{legacy}}}"), 1_073_741_824.0),
+        (format!("vGPU_device_memory_limit_in_bytes{{{legacy}}}"), 2_147_483_648.0),
+    ];
+    eventually("the lone pod's usage in the driver's metrics", Duration::from_secs(30), || {
+        driver.check_running()?;
+        let text = http_get(metrics_port, "/metrics")?;
+        Ok(wanted.iter().all(|(series, value)| metric(&text, series) == Some(*value)).then_some(()))
+    })
+    .with_context(|| format!("wanted:\n{wanted:#?}\ngot:\n{}", http_get(metrics_port, "/metrics").unwrap_or_default()))?;
+
+    // (c) Alone and active, it may use the idle card.
+    std::fs::write(lone.join("stand-in-active"), "")?;
+    eventually("the lone active pod's switch off (bursting)", 4 * TICK, || {
+        Ok((region_field(&region, SWITCH)? == 0).then_some(()))
+    })?;
+    ensure!(events(&lone)?.contains(&("switch".into(), 0)), "the lone pod never saw its switch off: {:?}", events(&lone)?);
+
+    // (b) A priority-0 pod becomes active on the same card.
+    kubectl.apply(&monitored_pod("high", Some(0)))?;
+    let high = running_claim_dir(node, kubectl, driver, vgpu, "high")?;
+    // HAMi-core initialises a region as just active (recent_kernel 2), so the new pod may block
+    // the other for its first tick, as under HAMi; idle, it blocks nothing after that.
+    eventually("the lone pod running beside an idle high-priority pod", 5 * TICK, || {
+        Ok((region_field(&region, RECENT_KERNEL)? >= 0 && events(&lone)?.last() != Some(&("blocked".into(), 1))).then_some(()))
+    })?;
+    let before = events(&lone)?.len();
+    let since = |what: (&str, i32)| -> anyhow::Result<bool> { Ok(events(&lone)?[before..].contains(&(what.0.into(), what.1))) };
+    std::fs::write(high.join("stand-in-active"), "")?;
+    let active = Instant::now();
+    eventually("the low-priority pod blocked", 10 * TICK, || Ok(since(("blocked", 1))?.then_some(())))?;
+    let blocked_after = active.elapsed();
+    eprintln!("the low-priority pod was blocked {:.1} s after the high one became active", blocked_after.as_secs_f64());
+    // Two ticks, and the stand-in's 200 ms between launches on each side.
+    ensure!(blocked_after <= 2 * TICK + Duration::from_millis(900), "blocked only after {blocked_after:?}");
+    ensure!(region_field(&region, SWITCH)? == 1, "the lone pod still bursts beside an active high-priority pod");
+    ensure!(since(("switch", 1))?, "the lone pod never saw its switch on again: {:?}", events(&lone)?);
+    // The high one stops: the low one runs again.
+    std::fs::remove_file(high.join("stand-in-active"))?;
+    eventually("the low-priority pod released", 10 * TICK, || Ok(since(("blocked", 0))?.then_some(())))?;
+    ensure!(region_field(&region, RECENT_KERNEL)? >= 0, "released but recent_kernel is still negative");
+    driver.check_running()?;
+
+    // Unprepared claims take their series with them.
+    let high_uid = high.file_name().and_then(|n| n.to_str()).context("claim directory name")?.to_owned();
+    kubectl.run(&["delete", "pod", "lone", "high", "--wait=false"])?;
+    eventually("the two claims' series gone", Duration::from_secs(60), || {
+        driver.check_running()?;
+        let text = http_get(metrics_port, "/metrics")?;
+        Ok((!text.contains(&uid) && !text.contains(&high_uid)).then_some(()))
+    })?;
+    Ok(())
+}
+
+/// The value of the series `series` (name and labels as printed) in a metrics page.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// `SWITCH` and `RECENT_KERNEL`: the two fields the monitor writes.
+const SWITCH: usize = vgpu_dra::monitor::region::offset::UTILIZATION_SWITCH;
+const RECENT_KERNEL: usize = vgpu_dra::monitor::region::offset::RECENT_KERNEL;
+
+fn region_field(path: &Path, at: usize) -> anyhow::Result<i32> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let word = bytes.get(at..at + 4).with_context(|| format!("{} has {} bytes", path.display(), bytes.len()))?;
+    Ok(i32::from_ne_bytes(word.try_into()?))
+}
+
+/// What the stand-in's launcher recorded: `(what, value)` in order.
+fn events(dir: &Path) -> anyhow::Result<Vec<(String, i32)>> {
+    let text = std::fs::read_to_string(dir.join("stand-in-events")).unwrap_or_default();
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace().skip(1);
+            Some((parts.next()?.to_owned(), parts.next()?.parse().ok()?))
+        })
+        .collect())
+}
+
+/// Waits for pod `name` to run and returns its claim's host directory.
+fn running_claim_dir(
+    node: &mut Node,
+    kubectl: &Kubectl,
+    driver: &mut ManagedProcess,
+    vgpu: &Path,
+    name: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    eventually(&format!("pod {name} running with its stand-in launcher"), Duration::from_secs(120), || {
+        node.check_running()?;
+        driver.check_running()?;
+        let pod = kubectl.get_json(&["pod", name])?;
+        if pod["status"]["phase"] != "Running" {
+            return Ok(None);
+        }
+        let uid = kubectl.run(&["get", "resourceclaim", name, "-o", "jsonpath={.metadata.uid}"])?;
+        let dir = vgpu.join("claims").join(uid);
+        Ok(dir.join("stand-in-events").exists().then_some(dir))
+    })
+}
+
+/// A 2Gi, 20-core claim (with HAMi-core's task priority when given) and a pod whose program
+/// loads the stand-in with a kernel launcher, 1 GiB in use and 15 % of the SMs.
+fn monitored_pod(name: &str, priority: Option<i64>) -> String {
+    let config = priority.map_or_else(String::new, |p| {
+        format!(
+            r#"    config:
+    - opaque:
+        driver: {DRIVER}
+        parameters: {{apiVersion: {DRIVER}/v1alpha1, kind: HamiCoreConfig, taskPriority: {p}}}
+"#,
+            DRIVER = common::DRIVER
+        )
+    });
+    format!(
+        r#"{claim}{config}---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
+  hostNetwork: true
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  terminationGracePeriodSeconds: 1
+  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]
+  containers:
+  - name: main
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["{DYNAMIC_PROGRAM}", "sleep", "3600"]
+    env:
+    - {{name: STAND_IN_KERNELS, value: "1"}}
+    - {{name: STAND_IN_MEMORY_BYTES, value: "1073741824"}}
+    - {{name: STAND_IN_SM_UTIL, value: "15"}}
+    resources: {{claims: [{{name: gpu}}]}}
+"#,
+        claim = common::claim_yaml(name, "2Gi", "20")
+    )
+}
 
 /// `vgpu-dra webhook` on loopback, registered, and called by the API server for HAMi's pods.
 fn start_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {

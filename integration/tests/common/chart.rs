@@ -123,9 +123,12 @@ pub fn run_as_daemonset_pod(
         .map(str::to_owned)
         .collect();
     anyhow::ensure!(given.first().map(String::as_str) == Some("kubelet-plugin"), "DaemonSet runs {given:?}");
+    // A flag in `extra` replaces the chart's (the driver refuses one given twice).
+    let flag = |a: &str| a.split_once('=').map_or(a, |(f, _)| f).to_owned();
+    let overridden: Vec<String> = extra.iter().map(|a| format!("{}=", flag(a))).collect();
     let mut args: Vec<String> = given[1..]
         .iter()
-        .filter(|a| !HOST_FLAGS.iter().any(|f| a.starts_with(f)))
+        .filter(|a| !HOST_FLAGS.iter().any(|f| a.starts_with(f)) && !overridden.iter().any(|f| a.starts_with(f.as_str())))
         .map(|a| if a.starts_with("--config=") { format!("--config={}", config.display()) } else { a.clone() })
         .collect();
     args.extend(extra.iter().map(|a| (*a).to_owned()));

@@ -25,12 +25,12 @@ use tokio::sync::Mutex;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
 
 use super::api::ClaimSource;
-use super::cdi::{CdiOptions, claim_dir};
+use super::cdi::{CdiOptions, claim_dir, region_file};
 use super::claim::{ClaimRef, consumer};
 use super::error::chain;
 use super::storage::blocking;
 use super::storage::checkpoint::{Checkpoint, PreparedClaim};
-use super::storage::host::{CLAIM_DIR_MODE, ensure_dir};
+use super::storage::host::ensure_claim_dir;
 use super::storage::spares::Spares;
 use super::storage::toolkit::ToolkitIndex;
 use crate::discovery::DeviceSource;
@@ -144,9 +144,10 @@ impl Storage {
             Err(e) => chain(&e),
         };
         let dir = claim_dir(&self.cdi, &entry.claim);
+        let region = region_file(&entry.spec);
         blocking(|| {
             if host_dirs {
-                ensure_dir(&dir, CLAIM_DIR_MODE)?;
+                ensure_claim_dir(&dir, region.as_deref())?;
             }
             if let Ok(path) = self.specs.file_for(uid)
                 && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
@@ -201,6 +202,36 @@ impl State {
             })
             .collect();
         StateSnapshot { published: self.published().unwrap_or_default(), usage, shares, prepared: prepared.len(), overcommitted }
+    }
+
+    /// `f` of every prepared claim's record, under the lock: the node monitor takes only what it
+    /// needs instead of a copy of every record.
+    pub async fn each_prepared<T>(&self, f: impl FnMut(&PreparedClaim) -> Option<T>) -> Vec<T> {
+        self.inner.lock().await.prepared.values().filter_map(f).collect()
+    }
+
+    /// The pod a claim is reserved for and the names of its containers that use it: the claim as
+    /// last read (else read now), the pod as read ahead (else from the API server's cache).
+    /// `None` when the claim has no pod or the pod is not the one it names.
+    ///
+    /// # Errors
+    /// When the API does not answer in time.
+    pub async fn consumer_of(&self, claim: &ClaimRef) -> Result<Option<(String, Vec<String>)>, PrepareError> {
+        let object = match self.claims.cached(claim) {
+            Some(c) => c,
+            None => match self.claims.claim(claim).await? {
+                Some(c) => Arc::new(c),
+                None => return Ok(None),
+            },
+        };
+        let Some((pod_name, pod_uid)) = consumer(&object) else { return Ok(None) };
+        let Ok(name) = vgpu_scheduling::ObjectName::new(pod_name.clone()) else { return Ok(None) };
+        let Some(pod) = self.claims.pod(&claim.namespace, &name, &pod_uid).await? else { return Ok(None) };
+        if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
+            return Ok(None);
+        }
+        let containers = super::containers::uses_of(&pod, claim.name.as_str()).into_iter().map(|u| u.container).collect();
+        Ok(Some((pod_name, containers)))
     }
 
     /// How many claims are prepared.

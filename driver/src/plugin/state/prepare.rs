@@ -7,14 +7,14 @@ use vgpu_scheduling::{ObjectName, PublishedDevice};
 
 use super::staging::StagedClaim;
 use super::{Inner, PreparedDevice, State, Storage, capacities, restore_pending};
-use crate::plugin::cdi::{build_spec, cdi_device_names, claim_dir};
+use crate::plugin::cdi::{build_spec, cdi_device_names, claim_dir, region_file};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use crate::plugin::containers::{top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
-use crate::plugin::storage::host::{CLAIM_DIR_MODE, ensure_dir};
+use crate::plugin::storage::host::ensure_claim_dir;
 use crate::plugin::storage::toolkit::toolkit_id;
 
 impl State {
@@ -109,12 +109,13 @@ impl State {
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         let dir = claim_dir(cdi, claim);
         let host_dirs = self.options.host_dirs;
+        let region = region_file(&entry.spec);
         let written = blocking(|| {
             let StagedClaim { record, spec } = staged;
             record.commit()?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             if host_dirs {
-                ensure_dir(&dir, CLAIM_DIR_MODE)?;
+                ensure_claim_dir(&dir, region.as_deref())?;
             }
             spec.commit()?;
             fail_point(self.fail_at, FailPoint::PrepareSpecWritten);

@@ -19,6 +19,9 @@ pub const CLAIM_DIR_MODE: u32 = 0o777;
 pub const LOCK_DIR_MODE: u32 = 0o1777;
 /// The parent of the claim directories: only traversed by containers.
 pub const CLAIMS_ROOT_MODE: u32 = 0o755;
+/// A claim's HAMi-core region file: every process of its containers opens it `O_RDWR`, as
+/// whatever user it runs as, and exits if it cannot.
+pub const REGION_FILE_MODE: u32 = 0o666;
 
 /// Failures preparing the host side, each naming the path.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +30,15 @@ pub enum HostError {
     #[error("preparing directory {path}")]
     Dir {
         /// The directory.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A claim's region file could not be created.
+    #[error("creating {path}")]
+    Region {
+        /// The file.
         path: std::path::PathBuf,
         /// The I/O error.
         #[source]
@@ -59,6 +71,38 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<(), HostError> {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
     }
     Ok(())
+}
+
+/// Makes a prepared claim's directory with its mode, and in it the empty region file named
+/// `region` (see [`create_region_file`]).
+///
+/// # Errors
+/// [`HostError`] naming the path.
+pub fn ensure_claim_dir(dir: &Path, region: Option<&str>) -> Result<(), HostError> {
+    ensure_dir(dir, CLAIM_DIR_MODE)?;
+    if let Some(name) = region {
+        create_region_file(dir, name).map_err(|source| HostError::Region { path: dir.join(name), source })?;
+    }
+    Ok(())
+}
+
+/// Creates the empty region file that a claim's containers initialise (HAMi-core extends and
+/// fills an existing file as it would a new one), with [`REGION_FILE_MODE`] whatever the umask.
+/// The driver makes it so that the node monitor writes only into a file of its own: a file the
+/// tenant put in its place is owned by another user, or is no regular file. An existing entry,
+/// whatever it is, is left alone and never followed.
+///
+/// # Errors
+/// When the directory cannot be opened or the file created.
+pub fn create_region_file(dir: &Path, name: &str) -> io::Result<()> {
+    use rustix::fs::{CWD, Mode, OFlags};
+    let dir_fd = rustix::fs::openat(CWD, dir, OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
+    let flags = OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    match rustix::fs::openat(&dir_fd, name, flags, Mode::from_raw_mode(REGION_FILE_MODE)) {
+        Ok(fd) => Ok(rustix::fs::fchmod(&fd, Mode::from_raw_mode(REGION_FILE_MODE))?),
+        Err(rustix::io::Errno::EXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Prepares the node once at start: the lock and claims directories with their modes, and the
