@@ -16,6 +16,8 @@ use serde_json::Value;
 
 /// Objects per page of a list: a 1,000-node cluster's slices come in a few calls.
 const PAGE: u32 = 500;
+/// The node drivers' metrics port unless their pod names one (the chart's `metrics.port`).
+const DRIVER_METRICS_PORT: i32 = 9394;
 
 /// Where and how to reach the cluster (kubectl's flags).
 #[derive(Debug, Clone, clap::Args)]
@@ -200,6 +202,38 @@ impl Cluster {
         let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
         let params = ListParams::default().fields(&format!("involvedObject.kind=Pod,involvedObject.name={name}"));
         Ok(self.deadline(&format!("listing the events of pod {namespace}/{name}"), api.list(&params)).await?.items)
+    }
+
+    /// The metrics page of each running pod that `selector` selects (the node drivers), read
+    /// through the API server's pod proxy on the pod's port named `metrics` (9394 when none is
+    /// named): one entry per pod, with its page or why it could not be read.
+    ///
+    /// # Errors
+    /// [`ApiError`] when the pods cannot be listed; a pod's page that fails is its entry's error.
+    pub async fn driver_metrics(&self, selector: &str) -> Result<Vec<(String, Result<String, ApiError>)>, ApiError> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        let params = ListParams::default().labels(selector);
+        let pods = self.deadline(&format!("listing the driver pods ({selector})"), api.list(&params)).await?.items;
+        let mut pages = Vec::new();
+        for pod in pods.iter().filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")) {
+            let (Some(namespace), Some(name)) = (pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref()) else {
+                continue;
+            };
+            let port = pod
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .flat_map(|c| c.ports.iter().flatten())
+                .find(|p| p.name.as_deref() == Some("metrics"))
+                .map_or(DRIVER_METRICS_PORT, |p| p.container_port);
+            let path = format!("/api/v1/namespaces/{namespace}/pods/{name}:{port}/proxy/metrics");
+            let page = match http::Request::get(&path).body(Vec::new()) {
+                Ok(request) => self.deadline(&format!("reading {path}"), self.client.request_text(request)).await,
+                Err(e) => Err(ApiError::Call { what: path.clone(), source: kube::Error::HttpError(e) }),
+            };
+            pages.push((format!("{namespace}/{name}"), page));
+        }
+        Ok(pages)
     }
 
     /// The pod `namespace/name`.

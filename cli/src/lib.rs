@@ -14,6 +14,7 @@ pub mod cel;
 pub mod convert;
 pub mod convert_live;
 pub mod fit;
+pub mod live;
 pub mod quota_usage;
 pub mod requests;
 pub mod table;
@@ -67,6 +68,18 @@ pub struct UsageArgs {
     /// Output format [default: a table].
     #[arg(short = 'o', long, env = "VGPU_DRA_OUTPUT", value_enum)]
     pub output: Option<UsageFormat>,
+    /// Also show what the claims' processes use now (memory of their limits, SM utilisation),
+    /// from the node drivers' metrics, read through the API server's pod proxy (needs `get` of
+    /// `pods/proxy` in the drivers' namespace).
+    #[arg(long)]
+    pub live: bool,
+    /// The node drivers' pods, for `--live`.
+    #[arg(long, default_value = "app.kubernetes.io/name=vgpu-dra,app.kubernetes.io/component!=webhook")]
+    pub driver_selector: String,
+    /// Read the live figures from these metrics URLs instead (each a driver's `/metrics`, for
+    /// example through `kubectl port-forward`); implies `--live`.
+    #[arg(long = "metrics", value_name = "URL")]
+    pub metrics: Vec<String>,
     /// The cluster.
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -146,6 +159,9 @@ pub enum CliError {
     /// The async runtime could not start.
     #[error("starting the runtime")]
     Runtime(#[source] std::io::Error),
+    /// A metrics URL cannot be read.
+    #[error(transparent)]
+    Live(#[from] live::LiveError),
     /// Writing the output failed.
     #[error("writing the output")]
     Write(#[from] std::io::Error),
@@ -187,13 +203,30 @@ pub fn usage(args: &UsageArgs, out: &mut dyn Write) -> Result<(), CliError> {
         quota_usage::write(namespace, &rows, out)?;
         return Ok(());
     }
-    let (slices, claims) = runtime()?.block_on(async {
+    let live_from_pods = args.live && args.metrics.is_empty();
+    let (slices, claims, pages) = runtime()?.block_on(async {
         let cluster = api::Cluster::connect(&args.cluster).await?;
         let slices = cluster.slices().await?;
         let claims = cluster.claims(None).await?;
-        Ok::<_, ApiError>((slices, claims))
+        let pages = if live_from_pods { cluster.driver_metrics(&args.driver_selector).await? } else { Vec::new() };
+        Ok::<_, ApiError>((slices, claims, pages))
     })?;
-    let report = usage_report(&slices, &claims, &args.cluster.driver_name, args.node.as_deref())?;
+    let mut report = usage_report(&slices, &claims, &args.cluster.driver_name, args.node.as_deref())?;
+    if args.live || !args.metrics.is_empty() {
+        let timeout = std::time::Duration::from_secs(args.cluster.request_timeout.max(1));
+        let mut seen = live::Page::default();
+        for url in &args.metrics {
+            seen.merge(live::parse(&live::get(url, timeout)?));
+        }
+        for (pod, page) in pages {
+            match page {
+                Ok(text) => seen.merge(live::parse(&text)),
+                // One node's driver out of reach leaves its cards at "-", not the whole report.
+                Err(e) => eprintln!("warning: driver pod {pod}: {e}"),
+            }
+        }
+        usage::add_live(&mut report, &slices, &args.cluster.driver_name, &seen)?;
+    }
     match args.output {
         None => usage::write_table(&report, false, out)?,
         Some(UsageFormat::Wide) => usage::write_table(&report, true, out)?,

@@ -11,6 +11,7 @@ use vgpu_scheduling::device::{CAPACITY_CORES, CAPACITY_MEMORY, CAPACITY_SHARES};
 
 use crate::allocations::{AllocationError, shares_by_card, used};
 use crate::cards::{CardError, cards, show};
+use crate::live::{ClaimUse, Page};
 use crate::table::Table;
 
 /// Allocated of total, for one capacity.
@@ -40,7 +41,7 @@ impl Amount {
 }
 
 /// One card's row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CardUsage {
     /// Node.
@@ -59,6 +60,23 @@ pub struct CardUsage {
     pub health: String,
     /// Pods holding shares (`namespace/name`), or `namespace/claim` for a claim reserved for none.
     pub pods: Vec<String>,
+    /// What the claims' processes use now, when asked for (`--live`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveCard>,
+}
+
+/// What the claims on one card use now, from its node's monitor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LiveCard {
+    /// Memory in use, summed over the claims, bytes.
+    pub used: u64,
+    /// Their limits, summed, bytes.
+    pub limit: u64,
+    /// SM utilisation, summed, percent of the card.
+    pub sm_percent: f64,
+    /// Each claim's figures.
+    pub claims: Vec<ClaimUse>,
 }
 
 /// The sum over several cards.
@@ -79,7 +97,7 @@ pub struct Totals {
 }
 
 /// The whole report.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageReport {
     /// One row per card, by node and device.
@@ -136,6 +154,7 @@ pub fn usage_report(
             shares: amount(CAPACITY_SHARES),
             health: card.health(),
             pods,
+            live: None,
         });
     }
     let mut per_node: BTreeMap<String, Totals> = BTreeMap::new();
@@ -152,12 +171,43 @@ pub fn usage_report(
     Ok(UsageReport { cards: rows, nodes: per_node.into_values().collect(), cluster })
 }
 
-/// Writes the report as kubectl's aligned columns; `wide` adds the pods.
+/// Adds what the claims use now (from the drivers' metrics pages) to each card of the report,
+/// matched by the card's uuid: every card of a node whose page was read gets a figure, zero when
+/// nothing runs on it; the others stay without.
+///
+/// # Errors
+/// [`UsageError`] for slices that do not parse.
+pub fn add_live(report: &mut UsageReport, slices: &[ResourceSlice], driver: &str, page: &Page) -> Result<(), UsageError> {
+    let uuids: BTreeMap<(String, String), String> =
+        cards(slices, driver)?.into_iter().map(|c| ((c.node.clone(), c.device.clone()), c.uuid(driver))).collect();
+    for row in report.cards.iter_mut().filter(|r| page.nodes.contains(&r.node)) {
+        let Some(uuid) = uuids.get(&(row.node.clone(), row.device.clone())) else { continue };
+        let claims: Vec<ClaimUse> = page.uses.iter().filter(|u| &u.device_uuid == uuid).cloned().collect();
+        row.live = Some(LiveCard {
+            used: claims.iter().map(|c| c.used).fold(0, u64::saturating_add),
+            limit: claims.iter().map(|c| c.limit).fold(0, u64::saturating_add),
+            sm_percent: claims.iter().map(|c| c.sm_percent).fold(0.0, |a, b| a + b),
+            claims,
+        });
+    }
+    Ok(())
+}
+
+fn bytes(v: u64) -> String {
+    show(CAPACITY_MEMORY, Quantity::from_bytes(v))
+}
+
+/// Writes the report as kubectl's aligned columns; `wide` adds the pods, live figures add
+/// `USED` (memory in use of the claims' limits) and `SM` (utilisation).
 ///
 /// # Errors
 /// When `out` fails.
 pub fn write_table(report: &UsageReport, wide: bool, out: &mut dyn Write) -> std::io::Result<()> {
     let mut header = vec!["NODE", "DEVICE", "PRODUCT", "MEMORY", "CORES", "SHARES", "HEALTH"];
+    let live = report.cards.iter().any(|c| c.live.is_some());
+    if live {
+        header.extend(["USED", "SM"]);
+    }
     if wide {
         header.push("PODS");
     }
@@ -173,6 +223,9 @@ pub fn write_table(report: &UsageReport, wide: bool, out: &mut dyn Write) -> std
             t.shares.show(CAPACITY_SHARES),
             String::new(),
         ];
+        if live {
+            row.extend([String::new(), String::new()]);
+        }
         if wide {
             row.push(String::new());
         }
@@ -189,6 +242,12 @@ pub fn write_table(report: &UsageReport, wide: bool, out: &mut dyn Write) -> std
                 c.shares.show(CAPACITY_SHARES),
                 c.health.clone(),
             ];
+            if live {
+                match &c.live {
+                    Some(l) => row.extend([format!("{}/{}", bytes(l.used), bytes(l.limit)), format!("{:.0}%", l.sm_percent)]),
+                    None => row.extend(["-".to_owned(), "-".to_owned()]),
+                }
+            }
             if wide {
                 row.push(if c.pods.is_empty() { "<none>".into() } else { c.pods.join(",") });
             }

@@ -124,3 +124,39 @@ fn health_shows_taints_and_json_keeps_exact_quantities() {
     write_table(&report, false, &mut out).unwrap();
     assert!(String::from_utf8(out).unwrap().contains("4Gi/15Gi"), "bytes are shown in binary units");
 }
+
+/// Live figures: every card of a node whose driver page was read gets the sum of its claims'
+/// use (zero when none runs), matched by uuid; a node without a page keeps `-`.
+#[test]
+fn live_use_is_summed_per_card_of_the_nodes_read() {
+    let report = || usage_report(&slices(), &[], DRIVER, None).unwrap();
+    let page = crate::live::parse(
+        r#"vgpu_dra_device_capacity{node="node-a",device="hami-gpu-0",uuid="x",capacity="memory"} 1
+hami_vgpu_memory_used_bytes{namespace="ns",pod="p1",claim_uid="u1",device_uuid="GPU-hami-gpu-0-NVIDIA-GeForce-RTX-3060"} 1073741824
+hami_vgpu_memory_limit_bytes{namespace="ns",pod="p1",claim_uid="u1",device_uuid="GPU-hami-gpu-0-NVIDIA-GeForce-RTX-3060"} 4294967296
+hami_container_device_utilization_ratio{namespace="ns",pod="p1",claim_uid="u1",device_uuid="GPU-hami-gpu-0-NVIDIA-GeForce-RTX-3060"} 30
+hami_vgpu_memory_used_bytes{namespace="ns",pod="p2",claim_uid="u2",device_uuid="GPU-hami-gpu-0-NVIDIA-GeForce-RTX-3060"} 536870912
+hami_vgpu_memory_limit_bytes{namespace="ns",pod="p2",claim_uid="u2",device_uuid="GPU-hami-gpu-0-NVIDIA-GeForce-RTX-3060"} 1073741824
+hami_container_device_utilization_ratio{namespace="ns",pod="p2",claim_uid="u2",device_uuid="GPU-hami-gpu-0-NVIDIA-GeForce-RTX-3060"} 12.5
+"#,
+    );
+    let mut live = report();
+    add_live(&mut live, &slices(), DRIVER, &page).unwrap();
+    let rtx = live.cards[0].live.as_ref().unwrap();
+    assert_eq!((rtx.used, rtx.limit, rtx.claims.len()), (1_610_612_736, 5 << 30, 2));
+    assert!((rtx.sm_percent - 42.5).abs() < 1e-9);
+    assert_eq!(live.cards[1].live.as_ref().unwrap().used, 0, "node-a's idle T4 is read, and zero");
+    assert!(live.cards[2].live.is_none(), "node-b's page was not read");
+    let mut out = Vec::new();
+    write_table(&live, false, &mut out).unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<Vec<&str>> = text.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0][7..], ["USED", "SM"], "{text}");
+    assert_eq!(lines[1][lines[1].len() - 2..], ["1536Mi/5Gi", "42%"], "{text}");
+    assert_eq!(lines[2][lines[2].len() - 2..], ["0/0", "0%"], "{text}");
+    assert!(text.lines().any(|l| l.starts_with("node-b") && l.ends_with("-")), "{text}");
+    // Without live figures the table is as before.
+    let mut out = Vec::new();
+    write_table(&report(), false, &mut out).unwrap();
+    assert!(!String::from_utf8(out).unwrap().contains("USED"));
+}

@@ -14,7 +14,7 @@
 //! (`nvidia.com/gpu: 1`, `nvidia.com/gpumem: 4096`, `nvidia.com/gpucores: 50`) is converted by
 //! our admission webhook into a claim, starts on a share freed for it, and sees the same limits.
 //! Then the node monitor, with the stand-in's regions and kernel launches: a running pod's usage
-//! in the metrics, a lone active pod bursting and
+//! in the metrics (and in `kubectl vgpu usage --metrics`), a lone active pod bursting and
 //! throttled again when a second is active, and a priority-0 pod blocking a priority-1 one within
 //! two ticks and releasing it when it stops.
 //! Then a pod fills its claim directory with what a hostile tenant would (50,000 nested
@@ -182,7 +182,7 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
         driver.check_running()?;
         Ok((cdi_specs(node, &claim_uids[0]) == 0).then_some(()))
     })?;
-    node_monitor(node, &kubectl, &mut driver, &vgpu, &card, metrics_port).context("the node monitor")?;
+    node_monitor(plane, node, &kubectl, &mut driver, &vgpu, &card, metrics_port).context("the node monitor")?;
     // Last: its clean-up empties the claims' root.
     hostile_claim_directory(node, &kubectl, &mut driver, &vgpu).context("a pod that fills its claim directory")?;
     Ok(())
@@ -340,6 +340,7 @@ echo "levels=$n"
 /// released once it stops. 003's pod converted by the webhook still holds 50 cores of the card,
 /// idle: an idle pod changes nothing.
 fn node_monitor(
+    plane: &ControlPlane,
     node: &mut Node,
     kubectl: &Kubectl,
     driver: &mut ManagedProcess,
@@ -367,6 +368,12 @@ fn node_monitor(
         Ok(wanted.iter().all(|(series, value)| metric(&text, series) == Some(*value)).then_some(()))
     })
     .with_context(|| format!("wanted:\n{wanted:#?}\ngot:\n{}", http_get(metrics_port, "/metrics").unwrap_or_default()))?;
+    // `kubectl vgpu usage --live` shows it beside the allocation.
+    let table = webhook::vgpu(plane, &["usage", "--metrics", &format!("http://127.0.0.1:{metrics_port}/metrics")])?;
+    let row = table.lines().find(|l| l.contains("hami-gpu-0")).with_context(|| format!("no card row:\n{table}"))?;
+    ensure!(table.lines().next().is_some_and(|h| h.contains("USED") && h.contains("SM")), "no live columns:\n{table}");
+    // The 003 pod's region has no memory in use; the lone pod's 1Gi of its 2Gi, 15 % of the SMs.
+    ensure!(row.contains("1Gi/6Gi") && row.contains("15%"), "the card's live figures are wrong:\n{table}");
 
     // (c) Alone and active, it may use the idle card.
     std::fs::write(lone.join("stand-in-active"), "")?;
