@@ -404,7 +404,7 @@ mod tests {
             uuid: "GPU-a".into(),
         };
         let usage = crate::monitor::region::DeviceUsage::default();
-        t.monitor.show(&[(key, crate::monitor::metrics::CardFigures { usage, limit: 1, since_last_kernel: Some(1) })]);
+        t.monitor.show(vec![(key, crate::monitor::metrics::CardFigures { usage, limit: 1, since_last_kernel: Some(1) })]);
         let exposed: std::collections::BTreeSet<String> = t
             .metrics
             .encode()

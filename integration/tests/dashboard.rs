@@ -148,7 +148,7 @@ fn exported() -> BTreeSet<String> {
         index: 0,
         uuid: "GPU-a".into(),
     };
-    telemetry.monitor.show(&[(key, CardFigures { usage: DeviceUsage::default(), limit: 1, since_last_kernel: Some(1) })]);
+    telemetry.monitor.show(vec![(key, CardFigures { usage: DeviceUsage::default(), limit: 1, since_last_kernel: Some(1) })]);
     telemetry.monitor.bad_regions.get_or_create(&vec![("reason".to_owned(), "links".to_owned())]).inc();
     let text = telemetry.metrics.encode();
     text.lines()

@@ -298,7 +298,7 @@ impl Monitor {
         }
         self.metrics.blocked.set(i64::try_from(tick.blocked.len()).unwrap_or(i64::MAX));
         self.metrics.bursting.set(i64::try_from(tick.bursting.len()).unwrap_or(i64::MAX));
-        self.metrics.show(&figures);
+        self.metrics.show(figures);
     }
 }
 
