@@ -8,6 +8,7 @@
 mod apiserver;
 mod client;
 mod cluster;
+mod monitor;
 mod procfs;
 mod report;
 mod stats;
@@ -83,6 +84,12 @@ struct Args {
     /// Pods in the webhook's admission-latency runs (0 skips them; vgpu-dra only).
     #[arg(long, default_value_t = 1000)]
     webhook_pods: usize,
+    /// Prepared claims in the node monitor's run (0 skips it; vgpu-dra only).
+    #[arg(long, default_value_t = 1000)]
+    monitor_claims: usize,
+    /// Ticks the monitor's run times.
+    #[arg(long, default_value_t = 20)]
+    monitor_ticks: usize,
     /// Where the JSON figures go.
     #[arg(long, default_value = "target/bench/results.json")]
     out: PathBuf,
@@ -157,6 +164,7 @@ fn main() -> anyhow::Result<()> {
         single: None,
         scale: None,
         webhook: None,
+        monitor: None,
         goals: Default::default(),
     };
     if !args.skip_single {
@@ -172,6 +180,11 @@ fn main() -> anyhow::Result<()> {
         let bin = std::fs::canonicalize(&args.vgpu_dra)
             .with_context(|| format!("{} (build it: cargo build --release -p vgpu-dra)", args.vgpu_dra.display()))?;
         report.webhook = Some(runtime.block_on(webhook::run(&bin, &target, args.webhook_pods, args.concurrency))?);
+    }
+    if args.monitor_claims > 0 && args.driver_command.is_none() {
+        eprintln!("bench: node monitor, {} claims", args.monitor_claims);
+        let dir = target.node_root.clone().unwrap_or_else(std::env::temp_dir);
+        report.monitor = Some(monitor::run(args.monitor_claims, args.monitor_ticks, &dir)?);
     }
     report.judge();
     print!("{}", report.table());

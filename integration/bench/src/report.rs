@@ -199,6 +199,8 @@ pub struct Report {
     pub scale: Option<Scale>,
     /// The HAMi compatibility webhook's admission figures.
     pub webhook: Option<crate::webhook::WebhookRun>,
+    /// The node monitor's tick.
+    pub monitor: Option<crate::monitor::MonitorRun>,
     /// The goals the figures are held against, and whether each was met.
     pub goals: BTreeMap<String, bool>,
 }
@@ -282,6 +284,14 @@ impl Report {
                 ));
             }
             out.push('\n');
+        }
+        if let Some(m) = &self.monitor {
+            out.push_str(&format!("node monitor: one tick over {} prepared claims with initialised regions\n", m.claims));
+            out.push_str(&format!(
+                "  tick p50/p90/max             {:>6.2} {:>6.2} {:>6.2} ms  CPU {:.2} ms  {:.0} fields written\n",
+                m.tick.p50_ms, m.tick.p90_ms, m.tick.max_ms, m.cpu_ms_per_tick, m.writes_per_tick
+            ));
+            out.push_str(&format!("  RSS of its series           {:>9.2} MiB\n\n", m.series_rss_mib));
         }
         if let Some(s) = &self.scale {
             out.push_str(&format!("scale: {} nodes, one plugin process each\n", s.nodes));
