@@ -380,7 +380,10 @@ fn node_monitor(
     eventually("the lone active pod's switch off (bursting)", 4 * TICK, || {
         Ok((region_field(&region, SWITCH)? == 0).then_some(()))
     })?;
-    ensure!(events(&lone)?.contains(&("switch".into(), 0)), "the lone pod never saw its switch off: {:?}", events(&lone)?);
+    // The launcher looks every 200 ms.
+    eventually("the lone pod's launcher seeing its switch off", 2 * TICK, || {
+        Ok(events(&lone)?.contains(&("switch".into(), 0)).then_some(()))
+    })?;
 
     // (b) A priority-0 pod becomes active on the same card.
     kubectl.apply(&monitored_pod("high", Some(0)))?;
@@ -399,8 +402,10 @@ fn node_monitor(
     eprintln!("the low-priority pod was blocked {:.1} s after the high one became active", blocked_after.as_secs_f64());
     // Two ticks, and the stand-in's 200 ms between launches on each side.
     ensure!(blocked_after <= 2 * TICK + Duration::from_millis(900), "blocked only after {blocked_after:?}");
-    ensure!(region_field(&region, SWITCH)? == 1, "the lone pod still bursts beside an active high-priority pod");
-    ensure!(since(("switch", 1))?, "the lone pod never saw its switch on again: {:?}", events(&lone)?);
+    eventually("the lone pod throttled beside an active high-priority pod", TICK, || {
+        Ok((region_field(&region, SWITCH)? == 1).then_some(()))
+    })?;
+    eventually("the lone pod's launcher seeing its switch on again", 2 * TICK, || Ok(since(("switch", 1))?.then_some(())))?;
     // The high one stops: the low one runs again.
     std::fs::remove_file(high.join("stand-in-active"))?;
     eventually("the low-priority pod released", 10 * TICK, || Ok(since(("blocked", 0))?.then_some(())))?;
