@@ -33,6 +33,7 @@ use crate::plugin::report::DeviceReport;
 use crate::plugin::state::{State, StateOptions, Storage};
 use crate::plugin::storage::checkpoint::Checkpoint;
 use crate::publisher::{PublishMetrics, Publisher, PublisherOptions};
+use crate::slices::{PoolIdentity, build_slices};
 
 /// How long shutdown may take before the process gives up waiting.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -161,9 +162,13 @@ impl App {
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
         let claims_root = cdi.claims_root.clone();
         snapshots.first(FIRST_INVENTORY).await.with_context(|| format!("no GPU inventory within {FIRST_INVENTORY:?}"))?;
-        if let Ok(inventory) = snapshots.inventory() {
+        let first_slice = snapshots.inventory().ok().and_then(|inventory| {
             resolved.log_mig(&inventory);
-        }
+            let pool =
+                PoolIdentity { driver: config.driver_name.clone(), node_name: node.clone(), node_uid: None, generation: 1 };
+            build_slices(&pool, &vgpu_scheduling::publish(&inventory, &config)).into_iter().find(|s| s.spec.devices.is_some())
+        });
+        crate::preflight::check(&client, first_slice.as_ref()).await?;
         // This node's claims only: read ahead for the pods bound here, else one by one when the
         // kubelet names them; never a watch of the cluster's claims (see `plugin::api`).
         let driver = config.driver_name.to_string();
@@ -428,7 +433,7 @@ mod tests {
 
     /// The built app serves the kubelet's sockets and stops within the drain deadline when
     /// cancelled, removing its registration socket: an API server that answers nothing useful
-    /// (every request a 404) stops no part from starting.
+    /// beyond the start-up check (every other request a 404) stops no part from starting.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_built_app_serves_the_kubelet_and_stops_when_cancelled() {
         use clap::Parser;
@@ -451,13 +456,23 @@ mod tests {
         let resolved = args.config.resolve_all(&args.node_name).unwrap();
         let devices =
             DeviceLoop::start(args.source.daemon_source(&args.node_name).unwrap(), DeviceLoopOptions::default()).unwrap();
-        let service = tower::service_fn(|_request: http::Request<kube::client::Body>| async {
-            let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404,"reason":"NotFound"}"#;
+        // It serves what the start-up check asks (the DRA group, a dry-run slice echoed back),
+        // and nothing else.
+        let service = tower::service_fn(|request: http::Request<kube::client::Body>| async move {
+            let (parts, body) = request.into_parts();
+            let (status, body) = match (parts.method.as_str(), parts.uri.path()) {
+                ("GET", "/apis/resource.k8s.io/v1") => (
+                    200,
+                    br#"{"kind":"APIResourceList","groupVersion":"resource.k8s.io/v1","resources":[{"name":"resourceslices","singularName":"","namespaced":false,"kind":"ResourceSlice","verbs":[]},{"name":"resourceclaims","singularName":"","namespaced":true,"kind":"ResourceClaim","verbs":[]}]}"#.to_vec(),
+                ),
+                ("POST", "/apis/resource.k8s.io/v1/resourceslices") => (201, body.collect_bytes().await.unwrap().to_vec()),
+                _ => (404, br#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":404,"reason":"NotFound"}"#.to_vec()),
+            };
             Ok::<_, std::convert::Infallible>(
                 http::Response::builder()
-                    .status(404)
+                    .status(status)
                     .header("content-type", "application/json")
-                    .body(kube::client::Body::from(body.to_vec()))
+                    .body(kube::client::Body::from(body))
                     .unwrap(),
             )
         });

@@ -15,6 +15,7 @@ pub mod http;
 pub mod metrics;
 pub mod monitor;
 pub mod plugin;
+pub mod preflight;
 pub mod publisher;
 pub mod slices;
 #[cfg(test)]

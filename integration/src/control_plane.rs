@@ -25,6 +25,9 @@ pub const WEBHOOK_CLIENT_NAME: &str = "vgpu-dra-test-apiserver";
 pub struct PlaneOptions {
     /// Write an audit log of every request (metadata only), for counting a client's requests.
     pub audit: bool,
+    /// kube-apiserver's `--feature-gates` instead of the test bed's (which turn on everything the
+    /// driver uses), to see what the driver does on a cluster without one of them.
+    pub apiserver_feature_gates: Option<String>,
 }
 
 /// A running control plane; dropping it stops every process and removes its files.
@@ -130,7 +133,7 @@ impl ControlPlane {
                     &format!("--service-account-key-file={}", sa_key.display()),
                     &format!("--service-account-signing-key-file={}", sa_key.display()),
                     "--service-cluster-ip-range=10.0.0.0/24",
-                    &format!("--feature-gates={FEATURE_GATES}"),
+                    &format!("--feature-gates={}", options.apiserver_feature_gates.as_deref().unwrap_or(FEATURE_GATES)),
                     "--runtime-config=resource.k8s.io/v1=true",
                     "--profiling=false",
                     // The kubernetes Service endpoint cannot be a loopback address; nothing needs it.

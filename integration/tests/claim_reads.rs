@@ -80,7 +80,7 @@ impl AuditWindow {
 
 #[test]
 fn a_claim_on_node_a_costs_node_b_nothing() {
-    let mut plane = ControlPlane::start_with(&PlaneOptions { audit: true }).expect("control plane");
+    let mut plane = ControlPlane::start_with(&PlaneOptions { audit: true, ..Default::default() }).expect("control plane");
     if let Err(e) = scenario(&mut plane) {
         panic!("{e:#}");
     }

@@ -197,7 +197,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn audited_plane() -> anyhow::Result<ControlPlane> {
-    ControlPlane::start_with(&PlaneOptions { audit: true })
+    ControlPlane::start_with(&PlaneOptions { audit: true, ..Default::default() })
 }
 
 fn pid_of(running: &Running) -> anyhow::Result<u32> {
