@@ -108,6 +108,52 @@ pub fn region_file(spec: &Spec) -> Option<String> {
     (!name.starts_with('.')).then(|| name.to_owned())
 }
 
+/// Whether the claim's devices were allocated with admin access: its spec is a monitoring view.
+pub fn is_admin(devices: &[ClaimDevice]) -> bool {
+    !devices.is_empty() && devices.iter().all(|d| d.admin)
+}
+
+/// The spec of a claim allocated with admin access (KEP-5018: a monitoring tool in a namespace an
+/// administrator labelled for it): the cards' device nodes and `NVIDIA_VISIBLE_DEVICES`, and none
+/// of HAMi-core (no preload, no limits, no claim directory): the tools it is for (nvidia-smi,
+/// DCGM) read the whole card, which HAMi-core's view of a share would hide.
+fn admin_spec(
+    options: &CdiOptions,
+    claim: &ClaimRef,
+    devices: &[ClaimDevice],
+    published: &[PublishedDevice],
+) -> Result<Spec, BuildError> {
+    let mut uuids: Vec<String> = Vec::new();
+    let mut cdi_devices: Vec<Device> = Vec::new();
+    for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {
+        let card = published.iter().find(|p| p.name == d.device);
+        let uuid = card.map_or_else(|| d.device.to_string(), |c| c.uuid.clone());
+        if !uuids.contains(&uuid) {
+            uuids.push(uuid);
+        }
+        if cdi_devices.iter().any(|c| c.name == name) {
+            continue;
+        }
+        let minor = card.map_or(0, |c| c.minor);
+        let nodes = device_node(options, &format!("nvidia{minor}"), Some(i64::from(minor))).into_iter().collect();
+        cdi_devices.push(Device {
+            name,
+            annotations: BTreeMap::new(),
+            container_edits: ContainerEdits { device_nodes: nodes, ..Default::default() },
+        });
+    }
+    let mut spec = Spec::new(&options.kind, cdi_devices)?;
+    spec.annotations.insert(ANNOTATION_CLAIM.into(), claim.key());
+    let shared_nodes = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];
+    spec.container_edits = ContainerEdits {
+        env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))],
+        device_nodes: shared_nodes.iter().filter_map(|(n, m)| device_node(options, n, *m)).collect(),
+        ..Default::default()
+    };
+    spec.set_minimum_version();
+    Ok(spec)
+}
+
 /// Builds the claim's spec. Limits are indexed by the claim's distinct cards in the order they
 /// first appear among its results, which is the CUDA order inside a container using the claim;
 /// shares of one card are summed into that card's one limit. The limits sit at spec level so
@@ -122,6 +168,9 @@ pub fn build_spec(
     published: &[PublishedDevice],
     claim_env: &[(String, String)],
 ) -> Result<Spec, BuildError> {
+    if is_admin(devices) {
+        return admin_spec(options, claim, devices, published);
+    }
     let mut shares = Vec::new();
     let mut cdi_devices: Vec<Device> = Vec::new();
     for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {

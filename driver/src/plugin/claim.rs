@@ -52,6 +52,9 @@ pub struct ClaimDevice {
     pub share_id: Option<Uid>,
     /// What the share consumes.
     pub consumption: Consumption,
+    /// Allocated with admin access (a monitoring claim): it gets no HAMi-core limits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 impl ClaimDevice {
@@ -193,6 +196,10 @@ pub enum ClaimError {
         /// Why.
         reason: String,
     },
+    /// Some results with admin access and some without: one spec cannot be both a monitoring
+    /// view without limits and a share with them.
+    #[error("claim {0} mixes requests with and without adminAccess; put the monitoring request in a claim of its own")]
+    MixedAdminAccess(String),
     /// A result names an invalid share ID.
     #[error("claim {claim}: shareID {value:?} is invalid")]
     BadShareId {
@@ -245,6 +252,10 @@ pub fn devices_of(
             .iter()
             .find(|d| d.name.as_str() == r.device)
             .ok_or_else(|| ClaimError::UnknownDevice { claim: label.clone(), device: r.device.clone() })?;
+        // Admin access (KEP-5018): a monitoring view of the card. On devices with consumable
+        // capacity the allocator still charges its request like any other (dynamic-resource-
+        // allocation v0.36.3 and v0.37.2, allocateDevice), so the ledger charges the same.
+        let admin = r.admin_access == Some(true);
         let consumption = consumption_of(r, dev, &label)?;
         let share_id = r
             .share_id
@@ -254,7 +265,10 @@ pub fn devices_of(
         if out.iter().any(|d: &ClaimDevice| d.request == r.request && d.device == dev.name && d.share_id == share_id) {
             return Err(ClaimError::DuplicateResult { claim: label, request: r.request.clone(), device: r.device.clone() });
         }
-        out.push(ClaimDevice { request: r.request.clone(), device: dev.name.clone(), share_id, consumption });
+        out.push(ClaimDevice { request: r.request.clone(), device: dev.name.clone(), share_id, consumption, admin });
+    }
+    if out.iter().any(|d| d.admin) && !out.iter().all(|d| d.admin) {
+        return Err(ClaimError::MixedAdminAccess(label));
     }
     Ok(out)
 }

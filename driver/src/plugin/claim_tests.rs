@@ -146,3 +146,31 @@ fn only_claims_on_this_nodes_devices_are_ours() {
     unallocated.status = None;
     assert!(!allocated_here(&unallocated, driver, "n1"));
 }
+
+/// Admin access is a monitoring view: it is charged what the scheduler charged, and its spec has
+/// the card but none of HAMi-core; a claim that mixes it with a share is refused by name.
+#[test]
+fn admin_access_takes_nothing_and_gets_no_limits() {
+    let admin = OURS.replace("request: gpu,", "request: gpu, adminAccess: true,");
+    let devices = check(&claim("", &admin)).unwrap();
+    assert!(devices[0].admin && devices[0].consumption["memory"].to_string() == "4Gi", "{devices:?}");
+    let options = crate::plugin::cdi::CdiOptions {
+        synthesize_nodes: true,
+        ..crate::plugin::cdi::CdiOptions::for_driver(
+            &SharingConfig::default().driver_name,
+            std::path::Path::new("/usr/local/vgpu"),
+        )
+        .unwrap()
+    };
+    let want = ClaimRef::new("ns", "c", UID).unwrap();
+    let spec =
+        crate::plugin::cdi::build_spec(&options, &want, &devices, &published(), &[("CUDA_TASK_PRIORITY".into(), "0".into())])
+            .unwrap();
+    let uuid = published().into_iter().find(|p| p.name.as_str() == "hami-gpu-1").unwrap().uuid;
+    assert_eq!(spec.container_edits.env, vec![format!("NVIDIA_VISIBLE_DEVICES={uuid}")]);
+    assert!(spec.container_edits.mounts.is_empty(), "no preload, no claim directory: {:?}", spec.container_edits.mounts);
+    assert_eq!(spec.devices[0].container_edits.device_nodes[0].path, "/dev/nvidia1");
+    assert!(crate::plugin::cdi::region_file(&spec).is_none(), "the monitor has nothing to watch");
+    let mixed = format!("{admin}\n      - {}", OURS.replace("request: gpu", "request: other"));
+    assert!(matches!(check(&claim("", &mixed)), Err(ClaimError::MixedAdminAccess(_))));
+}

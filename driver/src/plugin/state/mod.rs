@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
 
 use super::api::ClaimSource;
-use super::cdi::{CdiOptions, claim_dir, region_file};
+use super::cdi::{CdiOptions, claim_dir, is_admin, region_file};
 use super::claim::{ClaimRef, consumer};
 use super::error::chain;
 use super::storage::blocking;
@@ -145,6 +145,7 @@ impl Storage {
         };
         let dir = claim_dir(&self.cdi, &entry.claim);
         let region = region_file(&entry.spec);
+        let host_dirs = host_dirs && !is_admin(&entry.devices);
         blocking(|| {
             if host_dirs {
                 ensure_claim_dir(&dir, region.as_deref())?;

@@ -7,7 +7,7 @@ use vgpu_scheduling::{ObjectName, PublishedDevice};
 
 use super::staging::StagedClaim;
 use super::{Inner, PreparedDevice, State, Storage, capacities, restore_pending};
-use crate::plugin::cdi::{build_spec, cdi_device_names, claim_dir, region_file};
+use crate::plugin::cdi::{build_spec, cdi_device_names, claim_dir, is_admin, region_file};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use crate::plugin::containers::{top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
@@ -108,7 +108,8 @@ impl State {
         }
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         let dir = claim_dir(cdi, claim);
-        let host_dirs = self.options.host_dirs;
+        // A monitoring claim (admin access) has no HAMi-core, so no directory for it.
+        let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
         let region = region_file(&entry.spec);
         let written = blocking(|| {
             let StagedClaim { record, spec } = staged;

@@ -346,6 +346,7 @@ mod tests {
             device: DeviceName::new("hami-gpu-0").unwrap(),
             share_id: Some(Uid::new("s1").unwrap()),
             consumption: Consumption::from([("memory".into(), Quantity::parse("4Gi").unwrap())]),
+            admin: false,
         }];
         let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
         let spec = cdi_spec::Spec::new(&kind, vec![]).unwrap();
