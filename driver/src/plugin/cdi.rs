@@ -124,17 +124,36 @@ fn admin_spec(
     published: &[PublishedDevice],
 ) -> Result<Spec, BuildError> {
     let mut uuids: Vec<String> = Vec::new();
-    let mut cdi_devices: Vec<Device> = Vec::new();
-    for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {
-        let card = published.iter().find(|p| p.name == d.device);
-        let uuid = card.map_or_else(|| d.device.to_string(), |c| c.uuid.clone());
+    for d in devices {
+        let uuid = card_uuid(d, published);
         if !uuids.contains(&uuid) {
             uuids.push(uuid);
         }
+    }
+    let mut spec = Spec::new(&options.kind, card_devices(options, claim, devices, published))?;
+    spec.annotations.insert(ANNOTATION_CLAIM.into(), claim.key());
+    spec.container_edits = ContainerEdits {
+        env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))],
+        device_nodes: shared_nodes(options),
+        ..Default::default()
+    };
+    spec.set_minimum_version();
+    Ok(spec)
+}
+
+/// The uuid of a share's card (its device name for a card no longer published).
+fn card_uuid(d: &ClaimDevice, published: &[PublishedDevice]) -> String {
+    published.iter().find(|p| p.name == d.device).map_or_else(|| d.device.to_string(), |c| c.uuid.clone())
+}
+
+/// One CDI device per name ([`cdi_device_names`]), each with its card's device node.
+fn card_devices(options: &CdiOptions, claim: &ClaimRef, devices: &[ClaimDevice], published: &[PublishedDevice]) -> Vec<Device> {
+    let mut cdi_devices: Vec<Device> = Vec::new();
+    for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {
         if cdi_devices.iter().any(|c| c.name == name) {
             continue;
         }
-        let minor = card.map_or(0, |c| c.minor);
+        let minor = published.iter().find(|p| p.name == d.device).map_or(0, |c| c.minor);
         let nodes = device_node(options, &format!("nvidia{minor}"), Some(i64::from(minor))).into_iter().collect();
         cdi_devices.push(Device {
             name,
@@ -142,16 +161,13 @@ fn admin_spec(
             container_edits: ContainerEdits { device_nodes: nodes, ..Default::default() },
         });
     }
-    let mut spec = Spec::new(&options.kind, cdi_devices)?;
-    spec.annotations.insert(ANNOTATION_CLAIM.into(), claim.key());
-    let shared_nodes = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];
-    spec.container_edits = ContainerEdits {
-        env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))],
-        device_nodes: shared_nodes.iter().filter_map(|(n, m)| device_node(options, n, *m)).collect(),
-        ..Default::default()
-    };
-    spec.set_minimum_version();
-    Ok(spec)
+    cdi_devices
+}
+
+/// The nodes every container of a claim needs beside its cards'.
+fn shared_nodes(options: &CdiOptions) -> Vec<DeviceNode> {
+    let shared = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];
+    shared.iter().filter_map(|(n, m)| device_node(options, n, *m)).collect()
 }
 
 /// Builds the claim's spec. Limits are indexed by the claim's distinct cards in the order they
@@ -171,27 +187,13 @@ pub fn build_spec(
     if is_admin(devices) {
         return admin_spec(options, claim, devices, published);
     }
-    let mut shares = Vec::new();
-    let mut cdi_devices: Vec<Device> = Vec::new();
-    for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {
-        let card = published.iter().find(|p| p.name == d.device);
-        let get = |name: &str| d.consumption.get(name).copied().unwrap_or(Quantity::ZERO);
-        shares.push(DeviceShare {
-            uuid: card.map_or_else(|| d.device.to_string(), |c| c.uuid.clone()),
-            memory: get(CAPACITY_MEMORY),
-            cores: get(CAPACITY_CORES),
-        });
-        if cdi_devices.iter().any(|c| c.name == name) {
-            continue;
-        }
-        let minor = card.map_or(0, |c| c.minor);
-        let nodes = device_node(options, &format!("nvidia{minor}"), Some(i64::from(minor))).into_iter().collect();
-        cdi_devices.push(Device {
-            name,
-            annotations: BTreeMap::new(),
-            container_edits: ContainerEdits { device_nodes: nodes, ..Default::default() },
-        });
-    }
+    let shares: Vec<DeviceShare> = devices
+        .iter()
+        .map(|d| {
+            let get = |name: &str| d.consumption.get(name).copied().unwrap_or(Quantity::ZERO);
+            DeviceShare { uuid: card_uuid(d, published), memory: get(CAPACITY_MEMORY), cores: get(CAPACITY_CORES) }
+        })
+        .collect();
     let dir = claim_dir(options, claim);
     let mut env = container_env(&shares, &dir.display().to_string(), &options.limits)?;
     // The claim's own HAMi-core settings win over the node's defaults for the same variable.
@@ -199,12 +201,11 @@ pub fn build_spec(
         env.retain(|(k, _)| k != key);
         env.push((key.clone(), value.clone()));
     }
-    let mut spec = Spec::new(&options.kind, cdi_devices)?;
+    let mut spec = Spec::new(&options.kind, card_devices(options, claim, devices, published))?;
     spec.annotations.insert(ANNOTATION_CLAIM.into(), claim.key());
-    let shared_nodes = [("nvidiactl", Some(255)), ("nvidia-uvm", None), ("nvidia-uvm-tools", None)];
     spec.container_edits = ContainerEdits {
         env: env.into_iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        device_nodes: shared_nodes.iter().filter_map(|(n, m)| device_node(options, n, *m)).collect(),
+        device_nodes: shared_nodes(options),
         mounts: vec![
             bind(&options.libvgpu, &options.libvgpu, "ro"),
             bind(&options.preload, Path::new("/etc/ld.so.preload"), "ro"),
