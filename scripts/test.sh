@@ -2,9 +2,12 @@
 # The whole test suite on a fresh machine: builds (or reuses from the cache outside the repo) the
 # pinned Kubernetes components the integration tests run against, then every Rust test.
 #
-#   scripts/test.sh            all tests
-#   scripts/test.sh -p cdi-spec  extra arguments go to `cargo test`
+#   scripts/test.sh            all tests on Kubernetes v1.36.3, then the tests that touch the
+#                              scheduler, the kubelet and the DRA API again on v1.37.2
+#   scripts/test.sh -p cdi-spec  extra arguments go to `cargo test` (one release only, unless they
+#                              select nothing: --no-fail-fast, --release, --offline...)
 #   scripts/test.sh -- --test-threads=1  and those after `--` to the test binaries
+#   SECOND_K8S_VERSION= scripts/test.sh  all tests, one release only
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -42,9 +45,43 @@ if ! $threads_chosen && [[ -z ${RUST_TEST_THREADS:-} ]]; then
 fi
 rm -f target/test-bed-timings.log
 status=0
+start=$SECONDS
 # `${a[@]+"${a[@]}"}`: an empty array is no argument, also under `set -u` in bash before 4.4.
 cargo test --workspace --locked ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"} || status=$?
 if [[ -f target/test-bed-timings.log ]]; then
 	cat target/test-bed-timings.log
+fi
+echo "tests on Kubernetes ${K8S_VERSION:-v1.36.3}: $((SECONDS - start)) s (status $status)"
+
+# The whole suite runs on one release; the tests of what changes between releases (the
+# scheduler's allocator and rounding, the kubelet's plugin manager and a real node, the DRA API,
+# admission, Kueue's DRA path) run again on the next one. Not for a run the caller narrowed.
+SECOND_K8S_VERSION="${SECOND_K8S_VERSION-v1.37.2}"
+narrowed=false
+for arg in ${cargo_args[@]+"${cargo_args[@]}"}; do
+	case $arg in
+	--no-fail-fast | --locked | --offline | --release | -q | --quiet | -v | --verbose) ;;
+	*) narrowed=true ;;
+	esac
+done
+if ! $narrowed && [[ -n $SECOND_K8S_VERSION && -z ${K8S_VERSION:-} ]]; then
+	start=$SECONDS
+	second="$(K8S_VERSION="$SECOND_K8S_VERSION" integration/k8s/build.sh)"
+	echo "test bed components for Kubernetes $SECOND_K8S_VERSION ready in $((SECONDS - start)) s"
+	second_status=0
+	start=$SECONDS
+	(
+		while IFS='=' read -r name path; do
+			export "VGPU_DRA_BIN_$(echo "$name" | tr 'a-z-' 'A-Z_')=$path"
+		done <<<"$second"
+		export K8S_VERSION="$SECOND_K8S_VERSION"
+		tests=()
+		for t in rounding kubelet_plugin kubelet_sim real_node preflight admin_access webhook webhook_fit webhook_examples kueue; do
+			tests+=(--test "$t")
+		done
+		cargo test --locked ${cargo_args[@]+"${cargo_args[@]}"} -p vgpu-dra-integration "${tests[@]}" -- ${test_args[@]+"${test_args[@]}"}
+	) || second_status=$?
+	echo "tests on Kubernetes $SECOND_K8S_VERSION: $((SECONDS - start)) s (status $second_status)"
+	if [[ $status -eq 0 ]]; then status=$second_status; fi
 fi
 exit "$status"
