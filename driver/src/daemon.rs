@@ -168,7 +168,11 @@ impl App {
                 PoolIdentity { driver: config.driver_name.clone(), node_name: node.clone(), node_uid: None, generation: 1 };
             build_slices(&pool, &vgpu_scheduling::publish(&inventory, &config)).into_iter().find(|s| s.spec.devices.is_some())
         });
-        crate::preflight::check(&client, first_slice.as_ref()).await?;
+        match crate::preflight::check(&client, first_slice.as_ref()).await {
+            Err(e) if e.is_definite() => return Err(e.into()),
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not check the API server at start; going on"),
+            Ok(()) => {}
+        }
         // This node's claims only: read ahead for the pods bound here, else one by one when the
         // kubelet names them; never a watch of the cluster's claims (see `plugin::api`).
         let driver = config.driver_name.to_string();

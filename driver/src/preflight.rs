@@ -13,8 +13,9 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, PostParams};
 
-/// How long each check may take.
-const TIMEOUT: Duration = Duration::from_secs(10);
+/// How long each check may take. An API server that does not answer is no reason to stay down:
+/// the driver serves its prepared claims without it, and the publisher retries.
+const TIMEOUT: Duration = Duration::from_secs(3);
 /// The API group and version the driver speaks.
 const GROUP_VERSION: &str = "resource.k8s.io/v1";
 
@@ -40,6 +41,14 @@ pub enum PreflightError {
     /// The API server did not answer in time.
     #[error("checking what the API server serves: no answer within {0:?}")]
     Timeout(Duration),
+}
+
+impl PreflightError {
+    /// Whether the API server said it lacks something (stop), rather than not answering (go on
+    /// and let the publisher retry).
+    pub fn is_definite(&self) -> bool {
+        matches!(self, Self::NoDra { .. } | Self::NoConsumableCapacity)
+    }
 }
 
 async fn within<T>(call: impl Future<Output = Result<T, kube::Error>>) -> Result<Result<T, kube::Error>, PreflightError> {
@@ -197,5 +206,13 @@ mod tests {
         assert!(e.to_string().contains("only resource.k8s.io/v1beta1") && e.to_string().contains("1.34"), "{e}");
         // A node without cards has nothing to probe with: the group alone is checked.
         check(&server(true, false, Arc::default()), None).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_does_not_answer_is_no_reason_to_stop() {
+        let silent = tower::service_fn(|_request: Request<Body>| std::future::pending::<Result<Response<Body>, Infallible>>());
+        let e = check(&kube::Client::new(silent, "default"), Some(&sample())).await.unwrap_err();
+        assert!(matches!(e, PreflightError::Timeout(_)) && !e.is_definite(), "{e}");
+        assert!(PreflightError::NoConsumableCapacity.is_definite());
     }
 }
