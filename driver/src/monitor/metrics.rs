@@ -126,26 +126,31 @@ impl Collector for UsageCollector {
         // The scrape holds the snapshot, not the lock: a tick replaces it meanwhile.
         let rows = self.snapshot.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let indexes: Vec<String> = rows.iter().map(|(k, _)| k.index.to_string()).collect();
-        for (name, help, value) in DRA {
-            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for ((key, f), index) in rows.iter().zip(&indexes) {
-                if let Some(v) = value(f) {
-                    ConstGauge::new(v).encode(metric.encode_family(&DraLabels(key, index))?)?;
-                }
-            }
-        }
+        write_families(&mut encoder, &rows, &indexes, &DRA, DraLabels)?;
         if self.legacy {
-            for (name, help, value) in LEGACY {
-                let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-                for ((key, f), index) in rows.iter().zip(&indexes) {
-                    if let Some(v) = value(f) {
-                        ConstGauge::new(v).encode(metric.encode_family(&LegacyLabels(key, index))?)?;
-                    }
-                }
-            }
+            write_families(&mut encoder, &rows, &indexes, &LEGACY, LegacyLabels)?;
         }
         Ok(())
     }
+}
+
+/// Every family of `families`, one series per row that has a value, labelled by `labels`.
+fn write_families<'a, L: EncodeLabelSet>(
+    encoder: &mut DescriptorEncoder,
+    rows: &'a [(SeriesKey, CardFigures)],
+    indexes: &'a [String],
+    families: &[(&str, &str, Value)],
+    labels: fn(&'a SeriesKey, &'a str) -> L,
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in families {
+        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for ((key, f), index) in rows.iter().zip(indexes) {
+            if let Some(v) = value(f) {
+                ConstGauge::new(v).encode(metric.encode_family(&labels(key, index))?)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The monitor's metric families.
