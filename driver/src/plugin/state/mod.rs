@@ -30,7 +30,7 @@ use super::claim::{ClaimRef, consumer};
 use super::error::chain;
 use super::storage::blocking;
 use super::storage::checkpoint::{Checkpoint, PreparedClaim};
-use super::storage::host::ensure_claim_dir;
+use super::storage::host::{HostError, ensure_claim_dir};
 use super::storage::spares::Spares;
 use super::storage::toolkit::ToolkitIndex;
 use crate::discovery::DeviceSource;
@@ -143,12 +143,9 @@ impl Storage {
             Ok(None) => "missing".to_owned(),
             Err(e) => chain(&e),
         };
-        let dir = claim_dir(&self.cdi, &entry.claim);
-        let region = region_file(&entry.spec);
-        let host_dirs = host_dirs && !is_admin(&entry.devices);
         blocking(|| {
             if host_dirs {
-                ensure_claim_dir(&dir, region.as_deref())?;
+                self.make_claim_dir(entry)?;
             }
             if let Ok(path) = self.specs.file_for(uid)
                 && std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir())
@@ -158,6 +155,20 @@ impl Storage {
             self.specs.write(uid, &entry.spec).map(|_| ()).map_err(PrepareError::from)
         })?;
         Ok(Some(was))
+    }
+}
+
+impl Storage {
+    /// Makes a prepared claim's host directory with the empty region file its containers
+    /// initialise; a monitoring claim (admin access) has no HAMi-core, so none.
+    ///
+    /// # Errors
+    /// [`HostError`] naming the path.
+    fn make_claim_dir(&self, entry: &PreparedClaim) -> Result<(), HostError> {
+        if is_admin(&entry.devices) {
+            return Ok(());
+        }
+        ensure_claim_dir(&claim_dir(&self.cdi, &entry.claim), region_file(&entry.spec).as_deref())
     }
 }
 
@@ -225,14 +236,25 @@ impl State {
                 None => return Ok(None),
             },
         };
-        let Some((pod_name, pod_uid)) = consumer(&object) else { return Ok(None) };
-        let Ok(name) = vgpu_scheduling::ObjectName::new(pod_name.clone()) else { return Ok(None) };
-        let Some(pod) = self.claims.pod(&claim.namespace, &name, &pod_uid).await? else { return Ok(None) };
-        if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
-            return Ok(None);
-        }
+        let Some((pod_name, pod)) = self.reserved_pod(claim, &object).await? else { return Ok(None) };
         let containers = super::containers::uses_of(&pod, claim.name.as_str()).into_iter().map(|u| u.container).collect();
-        Ok(Some((pod_name, containers)))
+        Ok(Some((pod_name.to_string(), containers)))
+    }
+
+    /// The pod `object` (the claim `claim`) is reserved for, with its name, when it still is that
+    /// pod (same UID); read ahead, else from the API server's cache.
+    ///
+    /// # Errors
+    /// When the API does not answer in time.
+    async fn reserved_pod(
+        &self,
+        claim: &ClaimRef,
+        object: &k8s_openapi::api::resource::v1::ResourceClaim,
+    ) -> Result<Option<(vgpu_scheduling::ObjectName, k8s_openapi::api::core::v1::Pod)>, PrepareError> {
+        let Some((pod_name, pod_uid)) = consumer(object) else { return Ok(None) };
+        let Ok(name) = vgpu_scheduling::ObjectName::new(pod_name) else { return Ok(None) };
+        let Some(pod) = self.claims.pod(&claim.namespace, &name, &pod_uid).await? else { return Ok(None) };
+        Ok((pod.metadata.uid.as_deref() == Some(pod_uid.as_str())).then_some((name, pod)))
     }
 
     /// How many claims are prepared.

@@ -7,14 +7,13 @@ use vgpu_scheduling::{ObjectName, PublishedDevice};
 
 use super::staging::StagedClaim;
 use super::{Inner, PreparedDevice, State, Storage, capacities, restore_pending};
-use crate::plugin::cdi::{build_spec, cdi_device_names, claim_dir, is_admin, region_file};
+use crate::plugin::cdi::{build_spec, cdi_device_names, is_admin};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use crate::plugin::containers::{top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
-use crate::plugin::storage::host::ensure_claim_dir;
 use crate::plugin::storage::toolkit::toolkit_id;
 
 impl State {
@@ -80,7 +79,7 @@ impl State {
     ) -> Result<PreparedClaim, PrepareError> {
         let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, pending, .. } = &mut *inner;
-        let Storage { checkpoint, specs, cdi } = &self.storage;
+        let Storage { checkpoint, specs, .. } = &self.storage;
         let claim = &entry.claim;
         if let Some(existing) = prepared.get(&claim.uid) {
             // A concurrent prepare of the same claim got here first.
@@ -107,16 +106,14 @@ impl State {
             admitted.push(d.key(&claim.uid));
         }
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
-        let dir = claim_dir(cdi, claim);
-        // A monitoring claim (admin access) has no HAMi-core, so no directory for it.
+        // A monitoring claim (admin access) has no HAMi-core, so no directory to discard either.
         let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
-        let region = region_file(&entry.spec);
         let written = blocking(|| {
             let StagedClaim { record, spec } = staged;
             record.commit()?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             if host_dirs {
-                ensure_claim_dir(&dir, region.as_deref())?;
+                self.storage.make_claim_dir(&entry)?;
             }
             spec.commit()?;
             fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
@@ -152,12 +149,7 @@ impl State {
         object: &ResourceClaim,
         devices: &[ClaimDevice],
     ) -> Result<(), PrepareError> {
-        let Some((pod_name, pod_uid)) = consumer(object) else { return Ok(()) };
-        let Ok(pod_name) = ObjectName::new(pod_name) else { return Ok(()) };
-        let Some(pod) = self.claims.pod(&claim.namespace, &pod_name, pod_uid.as_str()).await? else { return Ok(()) };
-        if pod.metadata.uid.as_deref() != Some(pod_uid.as_str()) {
-            return Ok(());
-        }
+        let Some((pod_name, pod)) = self.reserved_pod(claim, object).await? else { return Ok(()) };
         let requests = top_level_requests(devices.iter().map(|d| d.request.as_str()));
         for usage in uses_of(&pod, claim.name.as_str()) {
             if let Some(named) = &usage.requests
