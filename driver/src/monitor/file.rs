@@ -75,14 +75,41 @@ pub struct RegionFile {
     pub ours: bool,
 }
 
-/// Opens `<claims_root>/<claim>/<name>`, where `claim` and `name` are single components.
-///
-/// # Errors
-/// [`FileError`]: [`FileError::NotYet`] for no file or an empty one.
-pub fn open(claims_root: &Path, claim: &str, name: &str) -> Result<RegionFile, FileError> {
-    let dir_flags = OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY;
-    let root = rustix::fs::openat(CWD, claims_root, dir_flags, Mode::empty()).map_err(io("open claims root"))?;
-    let dir = match rustix::fs::openat(&root, claim, dir_flags, Mode::empty()) {
+fn dir_flags() -> OFlags {
+    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::RDONLY
+}
+
+/// The claims' root, opened once for a tick's regions (the driver's own directory, which no
+/// container can write).
+#[derive(Debug)]
+pub struct ClaimsRoot(OwnedFd);
+
+impl ClaimsRoot {
+    /// Opens `path`.
+    ///
+    /// # Errors
+    /// The system call's error.
+    pub fn open(path: &Path) -> Result<Self, Errno> {
+        rustix::fs::openat(CWD, path, dir_flags(), Mode::empty()).map(Self)
+    }
+
+    /// Opens `<root>/<claim>/<name>`, where `claim` and `name` are single components.
+    ///
+    /// # Errors
+    /// [`FileError`]: [`FileError::NotYet`] for no file or an empty one.
+    pub fn open_region(&self, claim: &str, name: &str) -> Result<RegionFile, FileError> {
+        open_in(&self.0, claim, name)
+    }
+}
+
+/// [`ClaimsRoot::open_region`] of a root opened for one region (the tests').
+#[cfg(test)]
+fn open(claims_root: &Path, claim: &str, name: &str) -> Result<RegionFile, FileError> {
+    ClaimsRoot::open(claims_root).map_err(io("open claims root"))?.open_region(claim, name)
+}
+
+fn open_in(root: &OwnedFd, claim: &str, name: &str) -> Result<RegionFile, FileError> {
+    let dir = match rustix::fs::openat(root, claim, dir_flags(), Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) => return Err(FileError::NotYet),
         Err(e) => return Err(io("open claim directory")(e)),
@@ -215,7 +242,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let dir = claim_dir(tmp.path());
         let host = tmp.path().join("host-file");
-        let mut bytes = region(&["GPU-a"], &[1], &[]);
+        let bytes = region(&["GPU-a"], &[1], &[]);
         std::fs::write(&host, &bytes).unwrap();
         std::os::unix::fs::symlink(&host, dir.join("link.cache")).unwrap();
         assert!(matches!(open(tmp.path(), "uid-1", "link.cache"), Err(FileError::NotRegular("a symbolic link"))));
@@ -238,7 +265,6 @@ mod tests {
         // The claim directory itself replaced by a link.
         std::os::unix::fs::symlink(&dir, tmp.path().join("uid-2")).unwrap();
         assert!(open(tmp.path(), "uid-2", "link.cache").is_err());
-        bytes.truncate(bytes.len());
         assert_eq!(std::fs::read(&host).unwrap(), bytes, "the host file changed");
     }
 

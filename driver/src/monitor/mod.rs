@@ -120,9 +120,17 @@ pub struct Tick {
 /// and writes what changed (blocking: file I/O only).
 pub fn feed(claims_root: &Path, watched: &[Watched], mode: SwitchMode) -> Tick {
     let mut tick = Tick::default();
+    let root = match file::ClaimsRoot::open(claims_root) {
+        Ok(root) => root,
+        Err(e) => {
+            tick.outcomes =
+                watched.iter().map(|_| Outcome::Skipped(file::FileError::Io { op: "open claims root", errno: e })).collect();
+            return tick;
+        }
+    };
     let mut seen = Vec::new();
     for (i, w) in watched.iter().enumerate() {
-        let outcome = match file::open(claims_root, w.claim.uid.as_str(), &w.file).and_then(|f| f.read()) {
+        let outcome = match root.open_region(w.claim.uid.as_str(), &w.file).and_then(|f| f.read()) {
             Ok(region) => {
                 seen.push(Seen {
                     key: i,
@@ -151,7 +159,7 @@ pub fn feed(claims_root: &Path, watched: &[Watched], mode: SwitchMode) -> Tick {
             continue;
         }
         // Opened again, with every check: the name may hold another file since the read.
-        match file::open(claims_root, uid.as_str(), &w.file) {
+        match root.open_region(uid.as_str(), &w.file) {
             Ok(f) if f.ours => {
                 let fields = [("recent_kernel", offset::RECENT_KERNEL, d.writes.recent_kernel)];
                 let fields =
@@ -238,8 +246,9 @@ impl Monitor {
     pub async fn tick(&mut self) -> Tick {
         let started = Instant::now();
         let watched = self.state.each_prepared(Watched::from_claim).await;
-        self.consumers.retain(|uid, _| watched.iter().any(|w| &w.claim.uid == uid));
-        self.reported.retain(|uid, _| watched.iter().any(|w| &w.claim.uid == uid));
+        let prepared: std::collections::BTreeSet<&Uid> = watched.iter().map(|w| &w.claim.uid).collect();
+        self.consumers.retain(|uid, _| prepared.contains(uid));
+        self.reported.retain(|uid, _| prepared.contains(uid));
         self.look_up_consumers(&watched).await;
         let (root, mode) = (self.claims_root.clone(), self.options.switch);
         let shared = Arc::new(watched);
