@@ -263,6 +263,11 @@ pub struct KubeletPluginArgs {
     /// ...), for HAMi's WebUI and dashboards.
     #[arg(long, env = "VGPU_DRA_LEGACY_METRICS", default_value_t = false, action = clap::ArgAction::Set)]
     pub legacy_metrics: bool,
+    /// Write each prepared claim's `status.devices` (the card's UUID and the limits its
+    /// containers get), in the background. Needs `patch` of `resourceclaims/status` and, from
+    /// Kubernetes 1.36, `associated-node:patch` of `resourceclaims/driver` for the driver's name.
+    #[arg(long, env = "VGPU_DRA_CLAIM_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub claim_status: bool,
 }
 
 /// Log line formats.

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use common::chart::{
-    chart_dir, client_auth_sets, container_args, dry_run, find, helm, registration_job, run_as_daemonset_pod, run_as_webhook_pod,
-    run_registration_job,
+    chart_dir, client_auth_sets, container_args, daemonset_token, dry_run, find, helm, registration_job, run_as_daemonset_pod,
+    run_as_webhook_pod, run_registration_job,
 };
 use common::{DRIVER, claim_and_pod_on};
 use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
@@ -474,6 +474,8 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         anyhow::ensure!(!may(verb, resource), "the driver may {verb} {resource}");
     }
 
+    claim_status_is_confined(plane, &kubectl, &as_driver)?;
+
     // The policy, in the API server's admission: node-a's token cannot touch node-b's slices.
     refused(as_driver.apply(&slice_yaml("intruder", "node-b", DRIVER)), &["may not write ResourceSlice intruder of node node-b"]);
     kubectl.apply(&slice_yaml("node-b-own", "node-b", DRIVER))?;
@@ -505,6 +507,52 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     assert_only_driver_slices(&kubectl)?;
     let log = std::fs::read_to_string(pod.process.log())?;
     anyhow::ensure!(!log.to_lowercase().contains("forbidden"), "the driver hit RBAC limits:\n{log}");
+    Ok(())
+}
+
+/// The claim status permission (`claimStatus`, on by default from 1.36), in the API server's
+/// authorization: node-a's driver may write its own driver's entries of `status.devices` of a
+/// claim allocated to node-a, and nothing else: not another driver's entries, not the claim's
+/// allocation or reservations, and no entry at all with a token of node-b's driver pod.
+fn claim_status_is_confined(plane: &mut ControlPlane, kubectl: &Kubectl, as_driver: &Kubectl) -> anyhow::Result<()> {
+    let result = plane.wait_allocated("default", "share", Duration::from_secs(30))?;
+    let entry = |driver: &str, memory: &str| {
+        serde_json::json!({"driver": driver, "pool": result["pool"], "device": result["device"], "shareID": result["shareID"],
+            "data": {"memoryLimit": memory}})
+    };
+    // A server-side apply of the status, as the driver makes it: one PATCH, no read first.
+    let uid = kubectl.run(&["get", "resourceclaim", "share", "-o", "jsonpath={.metadata.uid}"])?;
+    let patch = |who: &Kubectl, status: serde_json::Value| {
+        let claim = serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "share", "namespace": "default", "uid": uid}, "status": status});
+        let args =
+            ["apply", "--server-side", "--force-conflicts", "--subresource=status", "--field-manager=test-driver", "-f", "-"];
+        who.run_with_input(&args, Some(&claim.to_string()))
+    };
+    patch(as_driver, serde_json::json!({"devices": [entry(DRIVER, "4096m")]}))
+        .context("node-a's driver writing its own entry")?;
+    let written = kubectl.get_json(&["resourceclaim", "share"])?;
+    anyhow::ensure!(written["status"]["devices"][0]["data"]["memoryLimit"] == "4096m", "{}", written["status"]);
+
+    let node_b = kubectl.with_kubeconfig(daemonset_token(plane, NS, "vgpu-dra", "node-b")?);
+    refused(
+        patch(&node_b, serde_json::json!({"devices": [entry(DRIVER, "1m")]})),
+        &["resourceclaims/driver", "arbitrary-node:patch"],
+    );
+    let foreign = [entry(DRIVER, "4096m"), entry("gpu.nvidia.com", "1m")];
+    refused(patch(as_driver, serde_json::json!({"devices": foreign})), &["resourceclaims/driver"]);
+    let intruder = serde_json::json!([{"resource": "pods", "name": "intruder", "uid": "00000000-0000-0000-0000-00000000dead"}]);
+    refused(
+        patch(as_driver, serde_json::json!({"devices": [entry(DRIVER, "4096m")], "reservedFor": intruder})),
+        &["resourceclaims/binding"],
+    );
+    let may = |verb: &str, resource: &str| as_driver.run(&["auth", "can-i", "-q", verb, resource]).is_ok();
+    anyhow::ensure!(!may("update", "resourceclaims/status") && !may("patch", "resourceclaims/binding"), "status verbs too wide");
+    let unchanged = kubectl.get_json(&["resourceclaim", "share"])?;
+    anyhow::ensure!(unchanged["status"] == written["status"], "a refused patch changed the claim: {}", unchanged["status"]);
+    patch(as_driver, serde_json::json!({"devices": []})).context("node-a's driver clearing its entry")?;
+    let cleared = kubectl.get_json(&["resourceclaim", "share"])?;
+    anyhow::ensure!(cleared["status"]["devices"].as_array().is_none_or(Vec::is_empty), "{}", cleared["status"]);
     Ok(())
 }
 

@@ -3,9 +3,11 @@
 //! of pods for the watch of the node's own pods; each with its own pod-bound token, which the API
 //! server's audit log tells apart). A claim allocated to node-a and prepared there through the
 //! kubelet's own plugin code costs node-b's driver no request and no watch event at all; node-a's
-//! driver reads that claim ahead once its pod is bound there, and the prepare then makes no API
-//! call. Neither driver ever lists or watches claims, and each watches only its own node's pods.
-//! Counted from the audit log and the drivers' own metrics, never timed.
+//! driver reads that claim ahead once its pod is bound there, and the prepare then reads nothing:
+//! its only requests are the writes of that claim's `status.devices`, in the background (set after
+//! the prepare, cleared after the unprepare). Neither driver ever lists or watches claims, and
+//! each watches only its own node's pods. Counted from the audit log and the drivers' own
+//! metrics, never timed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -33,6 +35,7 @@ struct Request {
     verb: String,
     uri: String,
     resource: String,
+    subresource: String,
     namespace: String,
     name: String,
 }
@@ -71,6 +74,7 @@ impl AuditWindow {
                 verb: text_of(&e["verb"]),
                 uri: text_of(&e["requestURI"]),
                 resource: text_of(&e["objectRef"]["resource"]),
+                subresource: text_of(&e["objectRef"]["subresource"]),
                 namespace: text_of(&e["objectRef"]["namespace"]),
                 name: text_of(&e["objectRef"]["name"]),
             })
@@ -172,18 +176,24 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let events_b_after = counter(port_b, "vgpu_dra_pod_events_total")?;
     anyhow::ensure!(events_b_after == events_b, "node-b's pod watch got {} events for node-a's pod", events_b_after - events_b);
     anyhow::ensure!(counter(port_a, "vgpu_dra_pod_events_total")? > 0.0, "node-a's pod watch saw nothing");
-    // The claim only (one read, or two when the API server's watch cache lagged), or a restart
-    // of its own node's pod watch.
+    // The claim only (one read, or two when the API server's watch cache lagged), its status
+    // written, or a restart of its own node's pod watch.
+    let is_share = |r: &Request| r.namespace == "default" && r.name == "share" && r.resource == "resourceclaims";
+    let status_write = |r: &Request| is_share(r) && r.verb == "patch" && r.subresource == "status";
     let expected = |r: &Request| {
-        (r.verb == "get" && r.namespace == "default" && r.name == "share" && r.resource == "resourceclaims")
-            || own_pod_stream(r, "node-a")
+        (r.verb == "get" && is_share(r) && r.subresource.is_empty()) || status_write(r) || own_pod_stream(r, "node-a")
     };
     anyhow::ensure!(by_a.iter().all(expected), "node-a's driver made other requests: {by_a:?}");
-    let claim_reads = by_a.iter().filter(|r| r.resource == "resourceclaims").count();
+    let claim_reads = by_a.iter().filter(|r| r.resource == "resourceclaims" && r.verb == "get").count();
     anyhow::ensure!((1..=2).contains(&claim_reads), "node-a read the claim {claim_reads} times: {by_a:?}");
-    // The prepare and unprepare themselves made no request: the claim and pod were here.
-    let after_prepare: Vec<Request> = during[before_prepare..].iter().filter(|r| !own_pod_stream(r, "node-a")).cloned().collect();
+    // The prepare and unprepare themselves read nothing: the claim and pod were here. What
+    // follows them is the claim's status, set then cleared (two writes, or one when the clear
+    // came before the set went out).
+    let after_prepare: Vec<Request> =
+        during[before_prepare..].iter().filter(|r| !own_pod_stream(r, "node-a") && !status_write(r)).cloned().collect();
     anyhow::ensure!(after_prepare.is_empty(), "the prepare read the API: {after_prepare:?}");
+    let writes = during[before_prepare..].iter().filter(|r| status_write(r)).count();
+    anyhow::ensure!((1..=2).contains(&writes), "{writes} writes of the claim's status: {by_a:?}");
     let used = counter(port_a, "vgpu_dra_claim_prefetch_total{result=\"used\"}")?;
     anyhow::ensure!(used == 1.0, "the prepare did not take the claim read ahead (used {used})");
 

@@ -1,7 +1,7 @@
 //! The kubelet plugin end to end: the kubelet's own plugin manager registers it, claims
 //! allocated by the real scheduler are prepared into CDI specs that the reference CDI library
-//! injects with HAMi-core's limits, and the plugin survives lost specs, a corrupt checkpoint and
-//! restarts.
+//! injects with HAMi-core's limits, each claim's `status.devices` says those limits until it is
+//! unprepared, and the plugin survives lost specs, a corrupt checkpoint and restarts.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,7 +12,7 @@ use vgpu_dra_integration::{ControlPlane, KubeletSim, KubeletSimOptions, eventual
 
 mod common;
 
-use common::{DRIVER, Dirs, NODE, cdi_check, claim_and_pod, claim_response, driver};
+use common::{DRIVER, Dirs, NODE, cdi_check, claim_and_pod, claim_response, driver, status_devices};
 
 #[test]
 fn kubelet_plugin_prepares_claims_into_hami_core_cdi_specs() {
@@ -64,6 +64,17 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     }
     assert!(ids[0].starts_with(&format!("k8s.{DRIVER}/claim={}-hami-gpu-0-", uids[0])), "{}", ids[0]);
     assert_eq!(claim_response(&reply, &uids[0])["devices"][0]["cdi_device_ids"][1], "nvidia.com/gpu=0", "{reply}");
+    // Each claim's status says, per share, the card and the limits its spec gives (KEP-4817).
+    for (name, uid) in [("c1", &uids[0]), ("c2", &uids[1])] {
+        let entries = eventually(&format!("{name}'s status.devices"), Duration::from_secs(30), || {
+            drv.check_running()?;
+            Ok(Some(status_devices(&kubectl, "default", name)?).filter(|e| !e.is_empty()))
+        })?;
+        anyhow::ensure!(entries.len() == 1, "{name}: {entries:?}");
+        let data = &entries[0]["data"];
+        anyhow::ensure!(data["memoryLimit"] == "4096m" && data["smLimit"] == "50", "{name} ({uid}): {data}");
+        anyhow::ensure!(data["uuid"].as_str().is_some_and(|u| u.starts_with("GPU-")), "{name}: {data}");
+    }
     // The toolkit's spec is not ours: listing and cleanup leave it alone.
     assert!(dirs.cdi.join("nvidia.yaml").exists());
 
@@ -129,6 +140,13 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         std::fs::read_dir(&dirs.cdi)?.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(left.iter().all(|f| !f.contains(&uids[0])), "{left:?}");
     assert!(!dirs.vgpu.join("claims").join(&uids[0]).exists());
+    // The claim is still allocated and reserved (its pod stands), yet no longer prepared here:
+    // the driver's entries leave its status.
+    eventually("c1's status.devices cleared at unprepare", Duration::from_secs(30), || {
+        drv.check_running()?;
+        anyhow::ensure!(kubectl.get_json(&["resourceclaim", "c1"])?["status"]["allocation"].is_object(), "c1 deallocated");
+        Ok(status_devices(&kubectl, "default", "c1")?.is_empty().then_some(()))
+    })?;
 
     // An old kubelet speaking v1beta1 gets the same devices without share IDs.
     drop(kubelet);

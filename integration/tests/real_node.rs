@@ -5,8 +5,9 @@
 //! `/etc/ld.so.preload` the spec mounts; its constructor records the uid and the limits it sees.
 //!
 //! Scenario (003's claim on a mock 15Gi T4): a pod as root and a pod as uid 65534 share the card
-//! and both see `CUDA_DEVICE_MEMORY_LIMIT_0=4096m` and SM limit 50; a third such claim cannot fit
-//! (150 cores) and its pod waits; deleting a pod unprepares its claim (its CDI spec is removed)
+//! and both see `CUDA_DEVICE_MEMORY_LIMIT_0=4096m` and SM limit 50, which their claims'
+//! `status.devices` (written by the driver under the chart's RBAC) say too; a third such claim
+//! cannot fit (150 cores) and its pod waits; deleting a pod unprepares its claim (its CDI spec is removed)
 //! and the waiting pod starts; a kubelet restart leaves running pods alone and their claims
 //! prepared; so does a driver restart, which rewrites no spec; a reboot (containers gone, the CDI
 //! directory wiped, the kubelet restarted) brings the pods back with their specs rewritten and
@@ -39,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use common::chart::{chart_dir, helm, run_as_daemonset_pod};
-use common::{card_uuid, webhook};
+use common::{card_uuid, status_devices, webhook};
 use serde_json::Value;
 use vgpu_dra_integration::node::{BUSYBOX_IMAGE, DYNAMIC_PROGRAM, Node, build_stand_in};
 use vgpu_dra_integration::{ControlPlane, Kubectl, ManagedProcess, eventually, free_port, http_get, node_host_dir};
@@ -88,6 +89,24 @@ fn scenario(plane: &mut ControlPlane, node: &mut Node) -> anyhow::Result<()> {
         let cache = format!("{}/{card}.cache", claim_dir.display());
         check(&seen, pod, uid, &card, &cache).with_context(|| format!("what pod {pod} (uid {uid}) saw:\n{}", seen.raw))?;
         uids.insert(pod, claim_uid);
+        // The claim's status says what the container saw (KEP-4817), written under the chart's
+        // token and RBAC: the card and its limits.
+        let entry = eventually(&format!("{pod}'s claim status.devices"), Duration::from_secs(30), || {
+            driver.check_running()?;
+            Ok(status_devices(&kubectl, "default", pod)?.into_iter().next())
+        })?;
+        let data = &entry["data"];
+        ensure!(
+            data["uuid"] == card.as_str() && data["memoryLimit"] == "4096m" && data["smLimit"] == "50" && data["cudaIndex"] == 0,
+            "{pod}'s claim status says {entry}"
+        );
+        // `kubectl vgpu why` shows the driver's word once it is there.
+        let why = webhook::vgpu(plane, &["why", pod])?;
+        ensure!(
+            why.contains("Limits (prepared, as the driver wrote them): CUDA_DEVICE_MEMORY_LIMIT_0=4096m")
+                && why.contains(card.as_str()),
+            "kubectl vgpu why {pod}:\n{why}"
+        );
     }
 
     // A third share cannot fit (150 of 100 cores): its pod waits, its claim stays unallocated.

@@ -34,6 +34,8 @@ pub mod compat;
 pub mod limits;
 pub mod mock;
 pub mod quota;
+pub mod status_data;
 
 pub use compat::{CardRequest, ClassFacts, CompatError, CompatSettings, PodConversion, convert_pod};
 pub use limits::{DeviceShare, LimitError, LimitOptions, container_env, per_card};
+pub use status_data::{DeviceStatusData, status_env};

@@ -53,6 +53,14 @@ nodeConfig: {{ .Values.nodeConfig | default list | toJson }}
 {{- if or .Values.deviceConfig.content .Values.deviceConfig.existingConfigMap -}}true{{- end -}}
 {{- end -}}
 
+{{/* Whether the driver writes its claims' status.devices: asked for, and on Kubernetes 1.36 or
+later, where the API server lets a node's driver write only its own driver's entries of claims
+allocated to its own node. Before 1.36, patch of resourceclaims/status would let every node's
+driver rewrite any claim's allocation. */}}
+{{- define "vgpu-dra.claimStatus" -}}
+{{- if and .Values.claimStatus (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) -}}true{{- end -}}
+{{- end -}}
+
 {{/* Whether the webhook is installed: it converts pods for this driver, so only with it. */}}
 {{- define "vgpu-dra.webhook.enabled" -}}
 {{- if and .Values.dra.enabled .Values.webhook.enabled -}}true{{- end -}}

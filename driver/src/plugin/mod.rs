@@ -4,10 +4,12 @@
 //! Each folder is one kind of dependency, and imports only what lies below it:
 //! - `kubelet/`: the kubelet's wire (sockets, HTTP/2 shim, registration, DRA and health services);
 //! - `state/`: prepare, unprepare, start-up and periodic checks, under one lock;
-//! - `api/`: reads from the API server only (claims, this node's pods read ahead, events);
+//! - `api/`: the API server (claims and this node's pods read ahead; events and the claims'
+//!   `status.devices` written in the background);
 //! - `storage/`: blocking disk work (checkpoint, host files, the toolkit's specs, trash);
 //! - pure rules with no I/O: `claim` (is it ours, which shares), `containers` (how the pod's
-//!   containers use it), `cdi` (the spec); and `error`, `failpoint`, `report`.
+//!   containers use it), `cdi` (the spec), `device_status` (what the claim's status says of it);
+//!   and `error`, `failpoint`, `report`.
 //!
 //! A prepare, file by file:
 //! 1. `kubelet/uds.rs` accepts the kubelet's connection; `kubelet/service.rs` takes the batch and
@@ -35,6 +37,7 @@ pub mod api;
 pub mod cdi;
 pub mod claim;
 pub mod containers;
+pub mod device_status;
 pub mod error;
 pub mod failpoint;
 pub mod kubelet;

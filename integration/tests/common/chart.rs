@@ -137,6 +137,14 @@ pub fn run_as_daemonset_pod(
     Ok(DaemonSetPod { process, kubeconfig, args: given })
 }
 
+/// A kubeconfig with a token of DaemonSet `daemonset`'s service account bound to a new pod of it
+/// on `node`, as the kubelet would give that node's driver pod; no driver runs with it.
+pub fn daemonset_token(plane: &ControlPlane, namespace: &str, daemonset: &str, node: &str) -> anyhow::Result<PathBuf> {
+    let ds = plane.kubectl().get_json(&["daemonset", daemonset, "-n", namespace])?;
+    let sa = ds["spec"]["template"]["spec"]["serviceAccountName"].as_str().context("DaemonSet names no service account")?;
+    pod_token(plane, namespace, sa, &format!("{daemonset}-{node}"), Some(node), &ds["spec"]["template"]["metadata"]["labels"])
+}
+
 /// The device configuration file of a pod spec's `config` volume, written under the plane's
 /// directory as `file`: the ConfigMap's `config.yaml`, or the key an `items` entry maps to it.
 fn config_file(plane: &ControlPlane, namespace: &str, pod_spec: &Value, file: &str) -> anyhow::Result<PathBuf> {

@@ -246,3 +246,22 @@ pub fn cdi_check(dir: &Path, ids: &[&str]) -> Value {
 pub fn claim_response<'a>(reply: &'a Value, uid: &str) -> &'a Value {
     &reply["response"]["claims"][uid]
 }
+
+/// This driver's entries of claim `name`'s `status.devices` (KEP-4817), each checked against
+/// the claim's allocation: same pool, device and share ID as one of its results.
+pub fn status_devices(kubectl: &vgpu_dra_integration::Kubectl, namespace: &str, name: &str) -> anyhow::Result<Vec<Value>> {
+    let claim = kubectl.get_json(&["resourceclaim", name, "-n", namespace])?;
+    let results = claim["status"]["allocation"]["devices"]["results"].as_array().cloned().unwrap_or_default();
+    let ours: Vec<Value> =
+        claim["status"]["devices"].as_array().into_iter().flatten().filter(|d| d["driver"] == DRIVER).cloned().collect();
+    for entry in &ours {
+        let allocated = results.iter().any(|r| {
+            r["driver"] == entry["driver"]
+                && r["pool"] == entry["pool"]
+                && r["device"] == entry["device"]
+                && r["shareID"] == entry["shareID"]
+        });
+        anyhow::ensure!(allocated, "status entry {entry} is no allocation result of {namespace}/{name}: {results:?}");
+    }
+    Ok(ours)
+}

@@ -25,8 +25,10 @@ use tokio::sync::Mutex;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid, publish};
 
 use super::api::ClaimSource;
+use super::api::status::StatusWriter;
 use super::cdi::{CdiOptions, claim_dir, is_admin, region_file};
 use super::claim::{ClaimRef, consumer};
+use super::device_status::device_statuses;
 use super::error::chain;
 use super::storage::blocking;
 use super::storage::checkpoint::{Checkpoint, PreparedClaim};
@@ -105,6 +107,8 @@ pub struct State {
     spares: Arc<std::sync::Mutex<Spares>>,
     /// Whether a blocking thread is emptying the claim directories' trash now.
     emptying: Arc<std::sync::atomic::AtomicBool>,
+    /// Where prepared claims' `status.devices` are written (none: not written).
+    status: Option<StatusWriter>,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether
@@ -181,6 +185,31 @@ impl State {
     pub fn with_fail_point(mut self, point: Option<FailPoint>) -> Self {
         self.fail_at = point;
         self
+    }
+
+    /// Writes each prepared claim's `status.devices` through `writer` from now on, starting with
+    /// every claim prepared now: a crash between a prepare and its write leaves nothing unsaid.
+    #[must_use]
+    pub fn with_claim_status(mut self, writer: StatusWriter) -> Self {
+        for entry in self.inner.get_mut().prepared.values() {
+            writer.set(&entry.claim, device_statuses(entry, self.config.driver_name.as_str(), &self.node));
+        }
+        self.status = Some(writer);
+        self
+    }
+
+    /// Asks for a claim just prepared (or re-adopted) to say in its status what its spec gives.
+    fn tell_prepared(&self, entry: &PreparedClaim) {
+        if let Some(writer) = &self.status {
+            writer.set(&entry.claim, device_statuses(entry, self.config.driver_name.as_str(), &self.node));
+        }
+    }
+
+    /// Asks for an unprepared claim's entries to leave its status.
+    fn tell_unprepared(&self, claim: &ClaimRef) {
+        if let Some(writer) = &self.status {
+            writer.clear(claim);
+        }
     }
 
     /// The devices this node publishes now (the inventory snapshot; no I/O for the daemon).

@@ -136,6 +136,7 @@ impl State {
             return Err(e);
         }
         prepared.insert(claim.uid.clone(), entry.clone());
+        self.tell_prepared(&entry);
         Ok(entry)
     }
 

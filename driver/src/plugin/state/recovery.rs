@@ -81,6 +81,7 @@ impl State {
             toolkit: Arc::new(ToolkitIndex::default()),
             spares: Arc::default(),
             emptying: Arc::default(),
+            status: None,
             options,
             storage,
         };
@@ -206,6 +207,7 @@ impl State {
             }
         }
         inner.pending.remove(&uid);
+        self.tell_prepared(&entry);
         inner.prepared.insert(uid, entry);
     }
 

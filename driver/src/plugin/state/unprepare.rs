@@ -25,6 +25,7 @@ impl State {
                 return Err(e.into());
             }
             ledger.release_claim(uid);
+            self.tell_unprepared(&entry.claim);
             fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
         }
         if pending.remove(uid).is_some() {

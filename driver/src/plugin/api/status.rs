@@ -1,0 +1,237 @@
+//! The driver's word in each prepared claim's `status.devices` (KEP-4817), written in the
+//! background so a prepare never waits on it: the kubelet gets its answer from the checkpoint
+//! and the spec alone, and an API server that is slow or down costs the status, never a pod.
+//!
+//! One writer per node. What is asked last for a claim wins: a set that has not gone out yet is
+//! replaced by the clear of an unprepare, so the API never ends with the older of the two. Each
+//! write is a server-side apply of the status subresource under the driver's field manager,
+//! naming the claim's UID (the API server refuses it for a claim recreated under the same name),
+//! so it touches only this driver's entries, and a clear removes only them. Since 1.36 the API
+//! server lets a node's driver write only entries of its own driver on claims allocated to its
+//! own node (`resourceclaims/driver`, `associated-node:patch`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+use vgpu_scheduling::Uid;
+
+use crate::backoff::Backoff;
+use crate::metrics::{Labels, labels};
+use crate::plugin::claim::ClaimRef;
+
+/// Tries of one write the API server failed (timeouts, 5xx, 429) before it is dropped; the
+/// next start-up writes every prepared claim's status again.
+const MAX_TRIES: u32 = 6;
+
+/// The writes' outcomes, by result: `written`, `gone` (the claim was deleted), `refused` (the
+/// API server will not take it: no RBAC, the claim deallocated or recreated) and `failed` (no
+/// answer after every try).
+#[derive(Clone, Default)]
+pub struct StatusMetrics(Family<Labels, Counter>);
+
+impl StatusMetrics {
+    /// Registers the family.
+    pub fn register(registry: &mut Registry) -> Self {
+        let this = Self::default();
+        registry.register("vgpu_dra_claim_status_writes", "Writes of prepared claims' status.devices, by result", this.0.clone());
+        this
+    }
+
+    /// Counts one write that ended with `result`.
+    pub(crate) fn count(&self, result: &str) {
+        self.0.get_or_create(&labels(&[("result", result)])).inc();
+    }
+}
+
+/// What a claim's status should say: these entries (none: this driver's entries removed).
+#[derive(Debug, Clone)]
+struct Wanted {
+    claim: ClaimRef,
+    devices: Vec<AllocatedDeviceStatus>,
+    tries: u32,
+}
+
+/// The writer of this node's claims' `status.devices`; cheap to clone.
+#[derive(Clone)]
+pub struct StatusWriter {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: kube::Client,
+    manager: String,
+    timeout: Duration,
+    pending: std::sync::Mutex<BTreeMap<Uid, Wanted>>,
+    wake: tokio::sync::Notify,
+    metrics: StatusMetrics,
+    /// Whether a refusal for want of RBAC was logged at warn already (once is enough to act on).
+    warned_forbidden: AtomicBool,
+}
+
+/// How one write ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Written,
+    Gone,
+    Refused { forbidden: bool, message: String },
+    Failed(String),
+}
+
+impl StatusWriter {
+    /// A writer applying as field manager `manager` (the driver's name), each call within `timeout`.
+    pub fn new(client: kube::Client, manager: impl Into<String>, timeout: Duration, metrics: StatusMetrics) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                client,
+                manager: manager.into(),
+                timeout,
+                pending: std::sync::Mutex::default(),
+                wake: tokio::sync::Notify::new(),
+                metrics,
+                warned_forbidden: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Asks for `claim`'s entries of this driver to be `devices` (empty: removed).
+    pub fn set(&self, claim: &ClaimRef, devices: Vec<AllocatedDeviceStatus>) {
+        let wanted = Wanted { claim: claim.clone(), devices, tries: 0 };
+        self.pending().insert(claim.uid.clone(), wanted);
+        self.shared.wake.notify_one();
+    }
+
+    /// Asks for `claim`'s entries of this driver to be removed (it was unprepared).
+    pub fn clear(&self, claim: &ClaimRef) {
+        self.set(claim, Vec::new());
+    }
+
+    /// How many claims wait for their write.
+    pub fn queued(&self) -> usize {
+        self.pending().len()
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, BTreeMap<Uid, Wanted>> {
+        // Every update is one insert or remove: a panic elsewhere leaves no half-written map.
+        vgpu_dra_runtime::sync::lock(&self.shared.pending)
+    }
+
+    /// Writes what is asked, one claim at a time, until `cancel`; a write the API server failed
+    /// is tried again after a growing pause, unless something newer was asked for its claim.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut backoff = Backoff::default();
+        loop {
+            let next = self.pending().pop_first();
+            let Some((uid, wanted)) = next else {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = self.shared.wake.notified() => continue,
+                }
+            };
+            let outcome = tokio::select! {
+                () = cancel.cancelled() => return,
+                outcome = self.write(&wanted) => outcome,
+            };
+            if let Outcome::Failed(error) = &outcome
+                && wanted.tries + 1 < MAX_TRIES
+            {
+                let pause = backoff.next_pause();
+                tracing::debug!(claim = %wanted.claim, %error, ?pause, "claim status not written; trying again");
+                // Unless something newer was asked for the claim meanwhile.
+                let tries = wanted.tries + 1;
+                self.pending().entry(uid).or_insert(Wanted { tries, ..wanted });
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(pause) => continue,
+                }
+            }
+            if !matches!(outcome, Outcome::Failed(_)) {
+                backoff.reset();
+            }
+            self.report(&wanted, &outcome);
+        }
+    }
+
+    /// One server-side apply of `wanted`, within the writer's timeout.
+    async fn write(&self, wanted: &Wanted) -> Outcome {
+        let claim = &wanted.claim;
+        let api: Api<ResourceClaim> = Api::namespaced(self.shared.client.clone(), claim.namespace.as_str());
+        let params = PatchParams::apply(&self.shared.manager).force();
+        let body = apply_body(claim, &wanted.devices);
+        match tokio::time::timeout(self.shared.timeout, api.patch_status(claim.name.as_str(), &params, &Patch::Apply(body))).await
+        {
+            Err(_) => Outcome::Failed(format!("no answer within {:?}", self.shared.timeout)),
+            Ok(Ok(_)) => Outcome::Written,
+            Ok(Err(kube::Error::Api(status))) => match status.code {
+                404 => Outcome::Gone,
+                403 => Outcome::Refused { forbidden: true, message: status.message.clone() },
+                400 | 409 | 422 => Outcome::Refused { forbidden: false, message: status.message.clone() },
+                _ => Outcome::Failed(format!("{} ({})", status.message, status.code)),
+            },
+            Ok(Err(e)) => Outcome::Failed(e.to_string()),
+        }
+    }
+
+    /// Counts and logs how a write ended.
+    fn report(&self, wanted: &Wanted, outcome: &Outcome) {
+        let claim = &wanted.claim;
+        let what = if wanted.devices.is_empty() { "cleared" } else { "set" };
+        let result = match outcome {
+            Outcome::Written => {
+                tracing::debug!(%claim, what, "claim status.devices written");
+                "written"
+            }
+            Outcome::Gone => {
+                tracing::debug!(%claim, what, "claim gone; its status needs no write");
+                "gone"
+            }
+            Outcome::Refused { forbidden: true, message } => {
+                if self.shared.warned_forbidden.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%claim, %message, "claim status refused");
+                } else {
+                    tracing::warn!(
+                        %claim,
+                        %message,
+                        "the API server refuses this driver's claim status writes: grant `patch` on resourceclaims/status and \
+                         `associated-node:patch` on resourceclaims/driver (the chart does), or run with --claim-status=false; \
+                         further refusals are logged at debug"
+                    );
+                }
+                "refused"
+            }
+            Outcome::Refused { forbidden: false, message } => {
+                // The claim moved on (deallocated, allocated anew, recreated): its status is no
+                // longer this record's to write.
+                tracing::info!(%claim, %message, what, "claim status not written: the claim changed since");
+                "refused"
+            }
+            Outcome::Failed(error) => {
+                tracing::warn!(%claim, %error, what, tries = MAX_TRIES, "claim status not written; giving up until the next start");
+                "failed"
+            }
+        };
+        self.shared.metrics.count(result);
+    }
+}
+
+/// The server-side apply body: the claim by name and UID, with this driver's entries.
+fn apply_body(claim: &ClaimRef, devices: &[AllocatedDeviceStatus]) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name.as_str(), "namespace": claim.namespace.as_str(), "uid": claim.uid.as_str()},
+        "status": {"devices": devices},
+    })
+}
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;
