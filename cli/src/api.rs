@@ -186,6 +186,29 @@ impl Cluster {
         }
     }
 
+    /// The DeviceTaintRules, from the newest API version that lists any (`v1` from Kubernetes
+    /// 1.37, `v1beta2` where 1.36 has it switched on); none where no version is served.
+    ///
+    /// # Errors
+    /// [`ApiError`] for a failed or late call (a refusal included).
+    pub async fn taint_rules(&self) -> Result<Vec<crate::taint_rules::TaintRule>, ApiError> {
+        for version in crate::taint_rules::VERSIONS {
+            let resource = ApiResource {
+                group: "resource.k8s.io".into(),
+                version: version.into(),
+                api_version: format!("resource.k8s.io/{version}"),
+                kind: "DeviceTaintRule".into(),
+                plural: "devicetaintrules".into(),
+            };
+            let rules: Vec<_> =
+                self.objects(&resource, None).await?.iter().filter_map(crate::taint_rules::TaintRule::parse).collect();
+            if !rules.is_empty() {
+                return Ok(rules);
+            }
+        }
+        Ok(Vec::new())
+    }
+
     /// The ResourceQuotas of `namespace`.
     ///
     /// # Errors

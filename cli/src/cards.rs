@@ -28,6 +28,14 @@ pub struct Card {
     pub shareable: bool,
 }
 
+/// `key=value:Effect`, or `key:Effect` without a value.
+pub fn taint_text(t: &DeviceTaint) -> String {
+    match &t.value {
+        Some(v) => format!("{}={v}:{}", t.key, t.effect),
+        None => format!("{}:{}", t.key, t.effect),
+    }
+}
+
 /// A capacity or attribute value in a slice that is not what the API allows.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("ResourceSlice {slice}, device {device}: {what}")]
@@ -67,15 +75,7 @@ impl Card {
         if self.taints.is_empty() {
             return "healthy".into();
         }
-        let taints: Vec<String> = self
-            .taints
-            .iter()
-            .map(|t| match &t.value {
-                Some(v) => format!("{}={v}:{}", t.key, t.effect),
-                None => format!("{}:{}", t.key, t.effect),
-            })
-            .collect();
-        taints.join(",")
+        self.taints.iter().map(taint_text).collect::<Vec<_>>().join(",")
     }
 
     /// The CEL `device` variable for `driver`'s selectors: `driver`, `attributes` and `capacity`

@@ -10,7 +10,7 @@ use serde::Serialize;
 use vgpu_scheduling::device::CAPACITY_SHARES;
 use vgpu_scheduling::{Consumption, PolicyError, Quantity};
 
-use crate::cards::{Card, show};
+use crate::cards::{Card, show, taint_text};
 use crate::cel::{CelError, eval_selector};
 
 /// One request (or one `firstAvailable` subrequest) as the allocator reads it.
@@ -285,13 +285,6 @@ fn tolerates(t: &DeviceToleration, taint: &DeviceTaint) -> bool {
             t.key.as_deref() == Some(taint.key.as_str())
                 && t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("")
         }
-    }
-}
-
-fn taint_text(t: &DeviceTaint) -> String {
-    match &t.value {
-        Some(v) => format!("{}={v}:{}", t.key, t.effect),
-        None => format!("{}:{}", t.key, t.effect),
     }
 }
 

@@ -18,6 +18,7 @@ pub mod live;
 pub mod quota_usage;
 pub mod requests;
 pub mod table;
+pub mod taint_rules;
 pub mod usage;
 pub mod why;
 pub mod why_text;
@@ -204,14 +205,19 @@ pub fn usage(args: &UsageArgs, out: &mut dyn Write) -> Result<(), CliError> {
         return Ok(());
     }
     let live_from_pods = args.live && args.metrics.is_empty();
-    let (slices, claims, pages) = runtime()?.block_on(async {
+    let (slices, claims, pages, rules) = runtime()?.block_on(async {
         let cluster = api::Cluster::connect(&args.cluster).await?;
         let slices = cluster.slices().await?;
         let claims = cluster.claims(None).await?;
         let pages = if live_from_pods { cluster.driver_metrics(&args.driver_selector).await? } else { Vec::new() };
-        Ok::<_, ApiError>((slices, claims, pages))
+        let rules = cluster.taint_rules().await;
+        Ok::<_, ApiError>((slices, claims, pages, rules))
     })?;
     let mut report = usage_report(&slices, &claims, &args.cluster.driver_name, args.node.as_deref())?;
+    match rules {
+        Ok(rules) => usage::add_taint_rules(&mut report, &slices, &args.cluster.driver_name, &rules)?,
+        Err(e) => eprintln!("warning: DeviceTaintRules not read, HEALTH shows the devices' own taints only: {e}"),
+    }
     if args.live || !args.metrics.is_empty() {
         let timeout = std::time::Duration::from_secs(args.cluster.request_timeout.max(1));
         let mut seen = live::Page::default();
@@ -250,7 +256,10 @@ pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Res
         let pod = cluster.pod(&namespace, &args.pod).await?;
         // Why a claim is missing is told only in events; without them the report still stands.
         let events = cluster.pod_events(&namespace, &args.pod).await.unwrap_or_default();
-        let slices = cluster.slices().await?;
+        let mut slices = cluster.slices().await?;
+        // An administrator's DeviceTaintRules taint devices as the scheduler sees them; a user
+        // who may not list them gets the slices' own taints only.
+        taint_rules::apply(&mut slices, &cluster.taint_rules().await.unwrap_or_default());
         let classes = cluster.classes().await?;
         let (claims, partial) = match cluster.claims(None).await {
             Err(e) if e.is_forbidden() => (cluster.claims(Some(&namespace)).await?, true),

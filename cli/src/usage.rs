@@ -193,6 +193,31 @@ pub fn add_live(report: &mut UsageReport, slices: &[ResourceSlice], driver: &str
     Ok(())
 }
 
+/// Adds the DeviceTaintRules that select each card to its HEALTH, with the rule's name (the
+/// slice's own taints are the driver's; these are an administrator's).
+///
+/// # Errors
+/// [`UsageError`] for slices that do not parse.
+pub fn add_taint_rules(
+    report: &mut UsageReport,
+    slices: &[ResourceSlice],
+    driver: &str,
+    rules: &[crate::taint_rules::TaintRule],
+) -> Result<(), UsageError> {
+    let pools: BTreeMap<(String, String), String> =
+        cards(slices, driver)?.into_iter().map(|c| ((c.node.clone(), c.device.clone()), c.pool.clone())).collect();
+    for row in &mut report.cards {
+        let Some(pool) = pools.get(&(row.node.clone(), row.device.clone())) else { continue };
+        let shown: Vec<String> = rules.iter().filter(|r| r.selects(driver, pool, &row.device)).map(|r| r.shown()).collect();
+        if shown.is_empty() {
+            continue;
+        }
+        let own = (row.health != "healthy").then(|| row.health.clone());
+        row.health = own.into_iter().chain(shown).collect::<Vec<_>>().join(",");
+    }
+    Ok(())
+}
+
 fn bytes(v: u64) -> String {
     show(CAPACITY_MEMORY, Quantity::from_bytes(v))
 }

@@ -1,5 +1,6 @@
-//! `why POD`: for each claim of the pod, where it went and the limits the driver will set, or,
-//! while it is pending, what stops each card from serving each of its requests.
+//! `why POD`: for each claim of the pod, where it went and its limits (once the node's driver has
+//! prepared it, the ones it wrote, from the claim's `status.devices`; before, the ones it will
+//! write), or, while it is pending, what stops each card from serving each of its requests.
 
 use std::collections::BTreeMap;
 
@@ -7,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde::Serialize;
 use vgpu_scheduling::device::{CAPACITY_CORES, CAPACITY_MEMORY};
-use vgpu_scheduling::{DeviceShare, LimitOptions, Quantity, container_env};
+use vgpu_scheduling::{DeviceShare, DeviceStatusData, LimitOptions, Quantity, container_env, status_env};
 
 use crate::allocations::{AllocationError, is_allocated, results, share, shares_by_card, used};
 use crate::cards::{Card, CardError, cards, show};
@@ -99,6 +100,10 @@ pub struct ClaimWhy {
     /// Allocated: the HAMi-core environment the driver writes for a container using the claim.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<(String, String)>,
+    /// The node's driver has prepared the claim and said so in its `status.devices`: `limits`
+    /// are what it wrote, not what it would write.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub prepared: bool,
     /// Pending: each request (or subrequest) and what each card says to it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub requests: Vec<RequestWhy>,
@@ -121,6 +126,9 @@ pub struct Placement {
     pub device: String,
     /// The consumed capacity the scheduler wrote.
     pub consumed: BTreeMap<String, String>,
+    /// The card's UUID, as the driver wrote it in the claim's status once it prepared it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// One request (or subrequest) of a pending claim.
@@ -176,6 +184,7 @@ pub fn why_report(inputs: &WhyInputs<'_>) -> Result<WhyReport, WhyError> {
             state: ClaimState::Missing,
             placements: Vec::new(),
             limits: Vec::new(),
+            prepared: false,
             requests: Vec::new(),
             error: None,
         };
@@ -315,19 +324,37 @@ fn resolve<'a>(pod: &Pod, name: &str, claim_name: Option<&str>, claims: &'a [Res
     })
 }
 
+/// What the driver wrote in `claim`'s `status.devices` for `result` (the entry with the same
+/// driver, pool, device and share), when it wrote something readable.
+fn written(
+    claim: &ResourceClaim,
+    result: &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult,
+) -> Option<DeviceStatusData> {
+    let entry = claim.status.as_ref()?.devices.as_ref()?.iter().find(|d| {
+        d.driver == result.driver && d.pool == result.pool && d.device == result.device && d.share_id == result.share_id
+    })?;
+    serde_json::from_value(entry.data.as_ref()?.0.clone()).ok()
+}
+
 /// Placements and limits of an allocated claim.
 fn allocated(why: &mut ClaimWhy, claim: &ResourceClaim, cards: &[Card], driver: &str) -> Result<(), WhyError> {
     let mut device_shares = Vec::new();
+    let mut statuses = Vec::new();
     for result in results(claim) {
         let consumed = share(claim, result)?.consumed;
         let card = cards.iter().find(|c| c.pool == result.pool && c.device == result.device);
+        let status = (result.driver == driver).then(|| written(claim, result)).flatten();
         why.placements.push(Placement {
             request: result.request.clone(),
             driver: result.driver.clone(),
             node: card.map_or_else(|| result.pool.clone(), |c| c.node.clone()),
             device: result.device.clone(),
             consumed: consumed.iter().map(|(n, q)| (n.clone(), show(n, *q))).collect(),
+            uuid: status.as_ref().map(|s| s.uuid.clone()),
         });
+        if result.driver == driver {
+            statuses.push(status);
+        }
         if result.driver == driver {
             let amount = |name: &str| consumed.get(name).copied().unwrap_or(Quantity::ZERO);
             device_shares.push(DeviceShare {
@@ -338,6 +365,12 @@ fn allocated(why: &mut ClaimWhy, claim: &ResourceClaim, cards: &[Card], driver: 
         }
     }
     if device_shares.is_empty() {
+        return Ok(());
+    }
+    // Prepared: the driver's own word for every share, else what it would write.
+    if let Some(data) = statuses.into_iter().collect::<Option<Vec<_>>>() {
+        why.limits = status_env(&data);
+        why.prepared = true;
         return Ok(());
     }
     // The cache directory is the node's; only the limits matter here.

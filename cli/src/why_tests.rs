@@ -56,7 +56,41 @@ fn an_allocated_claim_says_where_it_went_and_its_limits() {
     for want in ["CUDA_DEVICE_MEMORY_LIMIT_0=3000m", "CUDA_DEVICE_SM_LIMIT_0=30", "CUDA_DEVICE_SM_LIMIT=30"] {
         assert!(env.contains(&want.to_owned()), "{want} missing from {env:?}");
     }
-    assert!(text(&r).contains("Limits: CUDA_DEVICE_MEMORY_LIMIT_0=3000m"), "{}", text(&r));
+    assert!(!c.prepared);
+    assert!(text(&r).contains("Limits (what the driver will write): CUDA_DEVICE_MEMORY_LIMIT_0=3000m"), "{}", text(&r));
+}
+
+#[test]
+fn a_prepared_claim_shows_the_limits_its_driver_wrote_in_its_status() {
+    let (slices, claims) = doc_000();
+    let mut c1 = serde_json::to_value(&claims[0]).unwrap();
+    let entry = |driver: &str, share: &str, memory: &str| {
+        json!({"driver": driver, "pool": "n1", "device": "hami-gpu-0", "shareID": share,
+            "data": {"uuid": "GPU-real", "cudaIndex": 0, "memoryLimit": memory, "smLimit": "30"}})
+    };
+    // Another driver's entry and one of another share are not this result's.
+    c1["status"]["devices"] = json!([
+        entry("other.example.com", "00000000-0000-0000-0000-000000000001", "1m"),
+        entry(DRIVER, "00000000-0000-0000-0000-000000000009", "2m"),
+    ]);
+    let mut claims = claims.clone();
+    claims[0] = serde_json::from_value(c1.clone()).unwrap();
+    let r = report(&pod("p1", "c1"), &claims, &slices);
+    assert!(!r.claims[0].prepared, "no entry of this share: still derived");
+    assert!(r.claims[0].limits.contains(&("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "3000m".into())));
+
+    // The driver's own entry: its figures win, shown as written.
+    c1["status"]["devices"] = json!([entry(DRIVER, "00000000-0000-0000-0000-000000000001", "2999m")]);
+    claims[0] = serde_json::from_value(c1).unwrap();
+    let r = report(&pod("p1", "c1"), &claims, &slices);
+    let c = &r.claims[0];
+    assert!(c.prepared);
+    assert_eq!(c.placements[0].uuid.as_deref(), Some("GPU-real"));
+    assert!(c.limits.contains(&("CUDA_DEVICE_MEMORY_LIMIT_0".into(), "2999m".into())), "{:?}", c.limits);
+    assert!(c.limits.contains(&("NVIDIA_VISIBLE_DEVICES".into(), "GPU-real".into())), "{:?}", c.limits);
+    let out = text(&r);
+    assert!(out.contains("Limits (prepared, as the driver wrote them): CUDA_DEVICE_MEMORY_LIMIT_0=2999m"), "{out}");
+    assert!(out.contains("GPU-real"), "{out}");
 }
 
 #[test]
@@ -172,6 +206,7 @@ fn a_missing_claim_gets_the_claim_controllers_latest_failure_for_it() {
         state: ClaimState::Missing,
         placements: Vec::new(),
         limits: Vec::new(),
+        prepared: false,
         requests: Vec::new(),
         error: None,
     };

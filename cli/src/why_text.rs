@@ -34,16 +34,26 @@ pub fn write_text(report: &WhyReport, out: &mut dyn Write) -> std::io::Result<()
             writeln!(out, "  {error}")?;
         }
         if !claim.placements.is_empty() {
-            let mut table = Table::new(&["REQUEST", "NODE", "DEVICE", "CONSUMED"]);
+            let uuids = claim.placements.iter().any(|p| p.uuid.is_some());
+            let mut header = vec!["REQUEST", "NODE", "DEVICE", "CONSUMED"];
+            if uuids {
+                header.push("UUID");
+            }
+            let mut table = Table::new(&header);
             for p in &claim.placements {
                 let consumed: Vec<String> = p.consumed.iter().map(|(k, v)| format!("{k} {v}")).collect();
-                table.row(vec![p.request.clone(), p.node.clone(), p.device.clone(), consumed.join(", ")]);
+                let mut row = vec![p.request.clone(), p.node.clone(), p.device.clone(), consumed.join(", ")];
+                if uuids {
+                    row.push(p.uuid.clone().unwrap_or_else(|| "-".into()));
+                }
+                table.row(row);
             }
             indent(&table, out)?;
         }
         if !claim.limits.is_empty() {
             let env: Vec<String> = claim.limits.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            writeln!(out, "  Limits: {}", env.join(" "))?;
+            let whose = if claim.prepared { "prepared, as the driver wrote them" } else { "what the driver will write" };
+            writeln!(out, "  Limits ({whose}): {}", env.join(" "))?;
         }
         for request in &claim.requests {
             let asks: Vec<String> = request.asks.iter().map(|(k, v)| format!("{k} {v}")).collect();
