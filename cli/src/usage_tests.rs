@@ -125,6 +125,41 @@ fn health_shows_taints_and_json_keeps_exact_quantities() {
     assert!(String::from_utf8(out).unwrap().contains("4Gi/15Gi"), "bytes are shown in binary units");
 }
 
+/// An administrator's DeviceTaintRule shows on exactly the cards it selects, named, after the
+/// driver's own taints.
+#[test]
+fn taint_rules_show_on_the_cards_they_select_with_their_name() {
+    let mut tainted = device("hami-gpu-1", "Tesla T4", 15360, 4);
+    tainted["taints"] = json!([{"key": format!("{DRIVER}/unhealthy"), "effect": "NoSchedule"}]);
+    let slices = vec![
+        slice("node-a", vec![device("hami-gpu-0", "NVIDIA GeForce RTX 3060", 12288, 10), tainted]),
+        slice("node-b", vec![device("hami-gpu-0", "NVIDIA A100", 40960, 10)]),
+    ];
+    let rule = |name: &str, selector: serde_json::Value| {
+        crate::taint_rules::TaintRule::parse(&json!({"metadata": {"name": name},
+            "spec": {"deviceSelector": selector, "taint": {"key": "drain", "effect": "NoExecute"}}}))
+        .unwrap()
+    };
+    let rules = [
+        rule("one-card", json!({"driver": DRIVER, "pool": "node-a", "device": "hami-gpu-0"})),
+        rule("node-a", json!({"pool": "node-a"})),
+        rule("other-driver", json!({"driver": "gpu.nvidia.com"})),
+    ];
+    let mut report = usage_report(&slices, &[], DRIVER, None).unwrap();
+    add_taint_rules(&mut report, &slices, DRIVER, &rules).unwrap();
+    let health: Vec<(&str, &str, &str)> =
+        report.cards.iter().map(|c| (c.node.as_str(), c.device.as_str(), c.health.as_str())).collect();
+    let unhealthy = format!("{DRIVER}/unhealthy:NoSchedule,drain:NoExecute (rule node-a)");
+    assert_eq!(
+        health,
+        [
+            ("node-a", "hami-gpu-0", "drain:NoExecute (rule one-card),drain:NoExecute (rule node-a)"),
+            ("node-a", "hami-gpu-1", unhealthy.as_str()),
+            ("node-b", "hami-gpu-0", "healthy"),
+        ]
+    );
+}
+
 /// Live figures: every card of a node whose driver page was read gets the sum of its claims'
 /// use (zero when none runs), matched by uuid; a node without a page keeps `-`.
 #[test]

@@ -175,3 +175,15 @@ fn build() -> anyhow::Result<String> {
     }
     Ok(String::from_utf8(out.stdout)?)
 }
+
+/// The Kubernetes release the test bed runs, `K8S_VERSION` as `build.sh` reads it (v1.36.3
+/// unless set).
+pub fn kubernetes_version() -> String {
+    std::env::var("K8S_VERSION").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "v1.36.3".to_owned())
+}
+
+/// Its minor release (36 for v1.36.3), for what a test must do differently per release.
+pub fn kubernetes_minor() -> u32 {
+    let version = kubernetes_version();
+    version.trim_start_matches('v').split('.').nth(1).and_then(|m| m.parse().ok()).unwrap_or(36)
+}

@@ -28,6 +28,9 @@ pub struct PlaneOptions {
     /// kube-apiserver's `--feature-gates` instead of the test bed's (which turn on everything the
     /// driver uses), to see what the driver does on a cluster without one of them.
     pub apiserver_feature_gates: Option<String>,
+    /// Serve DeviceTaintRules (KEP-5055) and act on them: GA in 1.37; in 1.36 a beta gate that is
+    /// off, with its API in `resource.k8s.io/v1beta2`, which is off too.
+    pub device_taint_rules: bool,
 }
 
 /// A running control plane; dropping it stops every process and removes its files.
@@ -66,6 +69,11 @@ impl ControlPlane {
     pub fn start_with(options: &PlaneOptions) -> anyhow::Result<Self> {
         let started = Instant::now();
         let bins = components()?;
+        let gates = if options.device_taint_rules {
+            format!("{FEATURE_GATES},DRADeviceTaintRules=true")
+        } else {
+            FEATURE_GATES.to_owned()
+        };
         let dir = tempfile::Builder::new().prefix("vgpu-dra-cp-").tempdir()?;
         let d = dir.path();
         let sa_key = d.join("sa.key");
@@ -133,8 +141,12 @@ impl ControlPlane {
                     &format!("--service-account-key-file={}", sa_key.display()),
                     &format!("--service-account-signing-key-file={}", sa_key.display()),
                     "--service-cluster-ip-range=10.0.0.0/24",
-                    &format!("--feature-gates={}", options.apiserver_feature_gates.as_deref().unwrap_or(FEATURE_GATES)),
-                    "--runtime-config=resource.k8s.io/v1=true",
+                    &format!("--feature-gates={}", options.apiserver_feature_gates.as_deref().unwrap_or(&gates)),
+                    if options.device_taint_rules {
+                        "--runtime-config=resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true"
+                    } else {
+                        "--runtime-config=resource.k8s.io/v1=true"
+                    },
                     "--profiling=false",
                     // The kubernetes Service endpoint cannot be a loopback address; nothing needs it.
                     "--endpoint-reconciler-type=none",
@@ -167,7 +179,7 @@ impl ControlPlane {
         plane.scheduler = Some(ManagedProcess::spawn(
             "kube-scheduler",
             &bins.kube_scheduler,
-            &strings(&[&kc, "--leader-elect=false", "--secure-port=0", &format!("--feature-gates={FEATURE_GATES}"), "--v=2"]),
+            &strings(&[&kc, "--leader-elect=false", "--secure-port=0", &format!("--feature-gates={gates}"), "--v=2"]),
             plane.dir.path(),
         )?);
         plane.controller_manager = Some(ManagedProcess::spawn(
@@ -177,8 +189,8 @@ impl ControlPlane {
                 &kc,
                 "--leader-elect=false",
                 "--secure-port=0",
-                "--controllers=resourceclaim-controller,serviceaccount-controller,garbage-collector-controller,namespace-controller",
-                &format!("--feature-gates={FEATURE_GATES}"),
+                "--controllers=resourceclaim-controller,serviceaccount-controller,garbage-collector-controller,namespace-controller,device-taint-eviction-controller",
+                &format!("--feature-gates={gates}"),
             ]),
             plane.dir.path(),
         )?);

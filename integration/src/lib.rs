@@ -16,7 +16,7 @@ mod process;
 pub mod volcano;
 mod webhook_tls;
 
-pub use components::{Components, VolcanoComponents, components};
+pub use components::{Components, VolcanoComponents, components, kubernetes_minor, kubernetes_version};
 pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, WEBHOOK_CLIENT_NAME, write_kubeconfig};
 pub use driver::{driver_binary, node_host_dir, plugin_dir, start_driver, start_driver_as};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};

@@ -260,6 +260,21 @@ impl Docs {
                     block.at()
                 );
             }
+            ("yaml", "device-taint-rule") => {
+                // Served as v1 from 1.37, as v1beta2 in 1.36 (the test bed turns it on there); a
+                // server-side dry run, so the quick start's card stays in service.
+                let kubectl = self.plane.kubectl();
+                let served = kubectl.run(&["api-versions"]).unwrap();
+                let version = ["v1", "v1beta2"]
+                    .into_iter()
+                    .find(|v| kubectl.run(&["get", "--raw", &format!("/apis/resource.k8s.io/{v}/devicetaintrules")]).is_ok())
+                    .unwrap_or_else(|| panic!("{}: no version serves DeviceTaintRules: {served}", block.at()));
+                let body =
+                    block.body.replace("apiVersion: resource.k8s.io/v1\n", &format!("apiVersion: resource.k8s.io/{version}\n"));
+                assert!(body.contains(&format!("pool: {NODE}")), "{}: the rule does not name the quick start's node", block.at());
+                let checked = kubectl.run_with_input(&["apply", "--dry-run=server", "-f", "-"], Some(&body));
+                assert!(checked.is_ok(), "{}: {:#}", block.at(), checked.unwrap_err());
+            }
             ("sh", "syntax-only") => {
                 let out = Command::new("bash").args(["-n", "-c", &block.body]).output().unwrap();
                 assert!(out.status.success(), "{}: {}", block.at(), String::from_utf8_lossy(&out.stderr));
@@ -352,7 +367,8 @@ fn every_docs_example_runs() {
         .collect();
     assert_eq!(listed, present, "a page in docs/ is not run by this test");
 
-    let plane = ControlPlane::start().expect("control plane");
+    let options = vgpu_dra_integration::PlaneOptions { device_taint_rules: true, ..Default::default() };
+    let plane = ControlPlane::start_with(&options).expect("control plane");
     let node = Node::start(&plane, NODE).unwrap_or_else(|e| panic!("starting the quick start's node: {e:#}"));
     // What the chart's DaemonSet would find (or, with hamiCore.installImage, copy) on a GPU node.
     let host = node_host_dir(&plane, NODE);
