@@ -186,6 +186,17 @@ impl Cluster {
         }
     }
 
+    /// How the API server's release rounds capacity requests (from its `/version`; the rounding
+    /// of 1.37 and before when it does not say).
+    ///
+    /// # Errors
+    /// [`ApiError`] for a failed or late call.
+    pub async fn rounding(&self) -> Result<vgpu_scheduling::Rounding, ApiError> {
+        let info = self.deadline("reading the server version", self.client.apiserver_version()).await?;
+        let minor: String = info.minor.chars().take_while(char::is_ascii_digit).collect();
+        Ok(minor.parse().map_or(vgpu_scheduling::Rounding::Whole, vgpu_scheduling::Rounding::of_release))
+    }
+
     /// The DeviceTaintRules, from the newest API version that lists any (`v1` from Kubernetes
     /// 1.37, `v1beta2` where 1.36 has it switched on); none where no version is served.
     ///

@@ -8,7 +8,7 @@ use std::fmt;
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, DeviceTaint, DeviceToleration};
 use serde::Serialize;
 use vgpu_scheduling::device::CAPACITY_SHARES;
-use vgpu_scheduling::{Consumption, PolicyError, Quantity};
+use vgpu_scheduling::{Consumption, PolicyError, Quantity, Rounding};
 
 use crate::cards::{Card, show, taint_text};
 use crate::cel::{CelError, eval_selector};
@@ -183,7 +183,14 @@ impl CardFit {
 }
 
 /// Checks `ask` against `card`, which allocated claims already take `used` of.
-pub fn check(ask: &Ask, class: Option<&DeviceClass>, card: &Card, used: &Consumption, driver: &str) -> CardFit {
+pub fn check(
+    ask: &Ask,
+    class: Option<&DeviceClass>,
+    card: &Card,
+    used: &Consumption,
+    driver: &str,
+    rounding: Rounding,
+) -> CardFit {
     let mut reasons = Vec::new();
     let device = card.cel_device(driver);
     match class {
@@ -219,7 +226,7 @@ pub fn check(ask: &Ask, class: Option<&DeviceClass>, card: &Card, used: &Consump
         }
     } else {
         for (name, capacity) in &card.capacity {
-            match capacity.consumed_by(ask.capacity.get(name).copied()) {
+            match capacity.consumed_by_in(ask.capacity.get(name).copied(), rounding) {
                 Ok(amount) => {
                     consumes.insert(name.clone(), show(name, amount));
                     reasons.extend(room(name, amount, capacity.value, used.get(name).copied()));

@@ -31,7 +31,7 @@ fn used(memory: &str, cores: &str, shares: &str) -> Consumption {
 }
 
 fn fit(a: &Ask, c: &Card, u: &Consumption) -> CardFit {
-    check(a, Some(&class()), c, u, DRIVER)
+    check(a, Some(&class()), c, u, DRIVER, Rounding::Whole)
 }
 
 #[test]
@@ -116,11 +116,14 @@ fn selectors_that_do_not_match_or_cannot_be_evaluated_are_named() {
     assert!(f.fits(), "an expression that is not evaluated is no proof the card is blocked");
     assert_eq!(f.reasons[0].to_string(), "selector not evaluated: device.attributes[\"x\"].name.matches(\"^a\")");
     a.selectors.clear();
-    let f = check(&a, None, &c, &Consumption::new(), DRIVER);
+    let f = check(&a, None, &c, &Consumption::new(), DRIVER, Rounding::Whole);
     assert_eq!(f.reasons, vec![Reason::ClassMissing { class: DRIVER.into() }]);
     let mut other: k8s_openapi::api::resource::v1::DeviceClass = class();
     other.spec.selectors.as_mut().unwrap()[0].cel.as_mut().unwrap().expression = "device.driver == \"gpu.nvidia.com\"".into();
-    assert!(matches!(&check(&a, Some(&other), &c, &Consumption::new(), DRIVER).reasons[..], [Reason::ClassSelector { .. }]));
+    assert!(matches!(
+        &check(&a, Some(&other), &c, &Consumption::new(), DRIVER, Rounding::Whole).reasons[..],
+        [Reason::ClassSelector { .. }]
+    ));
 }
 
 /// The rule, on random cards, loads and requests: a card fits exactly when, for every capacity,

@@ -250,7 +250,7 @@ pub fn usage(args: &UsageArgs, out: &mut dyn Write) -> Result<(), CliError> {
 /// # Errors
 /// [`CliError`] naming the step that failed; a missing pod is [`ApiError::PodNotFound`].
 pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Result<(), CliError> {
-    let (pod, slices, classes, claims, partial, events) = runtime()?.block_on(async {
+    let (pod, slices, classes, claims, partial, events, rounding) = runtime()?.block_on(async {
         let cluster = api::Cluster::connect(&args.cluster).await?;
         let namespace = args.namespace.clone().unwrap_or_else(|| cluster.default_namespace.clone());
         let pod = cluster.pod(&namespace, &args.pod).await?;
@@ -261,11 +261,12 @@ pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Res
         // who may not list them gets the slices' own taints only.
         taint_rules::apply(&mut slices, &cluster.taint_rules().await.unwrap_or_default());
         let classes = cluster.classes().await?;
+        let rounding = cluster.rounding().await?;
         let (claims, partial) = match cluster.claims(None).await {
             Err(e) if e.is_forbidden() => (cluster.claims(Some(&namespace)).await?, true),
             other => (other?, false),
         };
-        Ok::<_, ApiError>((pod, slices, classes, claims, partial, events))
+        Ok::<_, ApiError>((pod, slices, classes, claims, partial, events, rounding))
     })?;
     if partial {
         writeln!(
@@ -273,8 +274,14 @@ pub fn why(args: &WhyArgs, out: &mut dyn Write, warnings: &mut dyn Write) -> Res
             "warning: ResourceClaims of other namespaces cannot be listed; what they take of the cards is not counted"
         )?;
     }
-    let inputs =
-        why::WhyInputs { pod: &pod, claims: &claims, slices: &slices, classes: &classes, driver: &args.cluster.driver_name };
+    let inputs = why::WhyInputs {
+        pod: &pod,
+        claims: &claims,
+        slices: &slices,
+        classes: &classes,
+        driver: &args.cluster.driver_name,
+        rounding,
+    };
     let mut report = why_report(&inputs)?;
     why::explain_missing(&mut report, &events);
     match args.output {

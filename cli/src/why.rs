@@ -33,6 +33,8 @@ pub struct WhyInputs<'a> {
     pub classes: &'a [DeviceClass],
     /// Our driver's name.
     pub driver: &'a str,
+    /// How the cluster's scheduler rounds requests (its release's).
+    pub rounding: vgpu_scheduling::Rounding,
 }
 
 /// The answer for one pod.
@@ -240,7 +242,7 @@ fn pending(
                 .iter()
                 .zip(used_by_card)
                 .map(|(card, used)| {
-                    let mut fit = check(ask, class, card, used, inputs.driver);
+                    let mut fit = check(ask, class, card, used, inputs.driver, inputs.rounding);
                     if let Some(node) = pod_node.filter(|n| *n != card.node) {
                         fit.reasons.insert(0, Reason::NodeNotSelected { pod_node: node.to_owned() });
                     }

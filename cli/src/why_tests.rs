@@ -7,7 +7,15 @@ use crate::test_fixtures::{DRIVER, allocated, claim, class, device, pod, slice, 
 use crate::why_text::write_text;
 
 fn report(pod: &Pod, claims: &[ResourceClaim], slices: &[ResourceSlice]) -> WhyReport {
-    why_report(&WhyInputs { pod, claims, slices, classes: &[class()], driver: DRIVER }).unwrap()
+    why_report(&WhyInputs {
+        pod,
+        claims,
+        slices,
+        classes: &[class()],
+        driver: DRIVER,
+        rounding: vgpu_scheduling::Rounding::Whole,
+    })
+    .unwrap()
 }
 
 fn text(r: &WhyReport) -> String {

@@ -25,10 +25,14 @@ fn exits_with(plane: &ControlPlane) -> String {
 
 #[test]
 fn without_consumable_capacity_the_driver_names_the_gate_and_publishes_nothing() {
-    // The test bed's gates, with consumable capacity off.
-    let gates = "DRAConsumableCapacity=false,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true";
-    let plane =
-        ControlPlane::start_with(&PlaneOptions { apiserver_feature_gates: Some(gates.into()), ..Default::default() }).unwrap();
+    // The test bed's gates, with consumable capacity off (GA but not locked in 1.38, where the
+    // fractional ranges that build on it must go off too, or the API server refuses to start).
+    let mut gates =
+        "DRAConsumableCapacity=false,DRADeviceTaints=true,DRAPartitionableDevices=true,DRAExtendedResource=true".to_owned();
+    if vgpu_dra_integration::kubernetes_minor() >= 38 {
+        gates.push_str(",DRAFractionalCapacityRange=false");
+    }
+    let plane = ControlPlane::start_with(&PlaneOptions { apiserver_feature_gates: Some(gates), ..Default::default() }).unwrap();
     let log = exits_with(&plane);
     assert!(log.contains("DRAConsumableCapacity") && log.contains("allowMultipleAllocations"), "{log}");
     let slices = plane.kubectl().get_json(&["resourceslices"]).unwrap();

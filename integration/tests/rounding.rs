@@ -1,5 +1,7 @@
 //! kube-scheduler and the scheduling crate agree, to the printed byte, on what odd capacity
-//! requests consume; the slice under test is the one the driver itself builds.
+//! requests consume; the slice under test is the one the driver itself builds. The crate rounds
+//! as the release under test does: on whole values up to 1.37, in thousandths on a grid of
+//! thousandths from 1.38.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,7 @@ use vgpu_dra::discovery::mock::{MockSource, parse_spec};
 use vgpu_dra::slices::{PoolIdentity, build_slices};
 use vgpu_dra_integration::{ControlPlane, eventually};
 use vgpu_scheduling::device::{CAPACITY_CORES, CAPACITY_MEMORY};
-use vgpu_scheduling::{Quantity, SharingConfig, publish};
+use vgpu_scheduling::{Quantity, Rounding, SharingConfig, publish};
 
 const NODE: &str = "node-r";
 
@@ -112,11 +114,16 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     }
     kubectl.apply(&yaml)?;
 
+    // 1.38 rounds requests on a grid of thousandths in thousandths (DRAFractionalCapacityRange).
+    let rounding = Rounding::of_release(vgpu_dra_integration::kubernetes_minor());
+    eprintln!("rounding as Kubernetes {}: {rounding:?}", vgpu_dra_integration::kubernetes_version());
     let mut agreed = 0;
     for (i, (memory, cores)) in CASES.iter().enumerate() {
         let device = &devices[i];
         let predict = |name: &str, req: Option<&str>| {
-            device.capacity[name].consumed_by(req.map(|r| Quantity::parse(r).expect("valid request"))).map(|q| q.to_string())
+            device.capacity[name]
+                .consumed_by_in(req.map(|r| Quantity::parse(r).expect("valid request")), rounding)
+                .map(|q| q.to_string())
         };
         let (mem, cor) = (predict(CAPACITY_MEMORY, *memory), predict(CAPACITY_CORES, *cores));
         if let (Ok(mem), Ok(cor)) = (&mem, &cor) {

@@ -13,7 +13,7 @@ pub mod names;
 pub mod policy;
 
 pub use names::{DeviceName, DriverName, NameError, Namespace, ObjectName, Uid};
-pub use policy::{Capacity, PolicyError, RequestPolicy, ValidRequests};
+pub use policy::{Capacity, PolicyError, RequestPolicy, Rounding, ValidRequests};
 pub mod config;
 pub mod device;
 pub mod model;

@@ -58,27 +58,58 @@ pub enum PolicyError {
     NotAllowed(Quantity),
 }
 
+/// How kube-scheduler puts a request on a range's step grid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Rounding {
+    /// On whole values, each rounded up first: Kubernetes 1.34 to 1.37, and later releases with
+    /// `DRAFractionalCapacityRange` off. A request of `500m` cores on a 1m grid consumes `1`.
+    #[default]
+    Whole,
+    /// In thousandths, where min, max and step are whole thousandths and the step at least 1m
+    /// (`DRAFractionalCapacityRange`, beta and on in 1.37 only with its compatibility version
+    /// raised, GA from 1.38): `500m` cores consume `500m`.
+    Milli,
+}
+
+impl Rounding {
+    /// What Kubernetes 1.`minor` does by default.
+    pub fn of_release(minor: u32) -> Self {
+        if minor >= 38 { Self::Milli } else { Self::Whole }
+    }
+}
+
 impl Capacity {
-    /// The amount a request consumes, as kube-scheduler computes it: an absent request takes
-    /// the default (or everything); below `min` takes `min`; otherwise rounded up to the step
-    /// (via the integer value rounded up, as the scheduler does) or to the next valid value.
+    /// [`Capacity::consumed_by_in`] with [`Rounding::Whole`], as every release up to 1.37 rounds.
     ///
     /// # Errors
     /// [`PolicyError`] when the rounded amount violates the policy (then the device does not fit).
     pub fn consumed_by(&self, request: Option<Quantity>) -> Result<Quantity, PolicyError> {
+        self.consumed_by_in(request, Rounding::Whole)
+    }
+
+    /// The amount a request consumes, as kube-scheduler computes it with `rounding`: an absent
+    /// request takes the default (or everything); below `min` takes `min`; otherwise rounded up
+    /// to the step or to the next valid value.
+    ///
+    /// # Errors
+    /// [`PolicyError`] when the rounded amount violates the policy (then the device does not fit).
+    pub fn consumed_by_in(&self, request: Option<Quantity>, rounding: Rounding) -> Result<Quantity, PolicyError> {
         let Some(policy) = &self.policy else {
             return Ok(request.unwrap_or(self.value));
         };
         let Some(request) = request else {
             let consumed = policy.default.unwrap_or(self.value);
-            return policy.check(consumed).map(|()| consumed);
+            return policy.check(consumed, rounding).map(|()| consumed);
         };
         let consumed = match &policy.valid {
             ValidRequests::Range { min, step, .. } => {
                 if request < *min {
                     *min
                 } else if let Some(step) = step {
-                    round_up_to_step(request, *min, *step)
+                    match milli_grid(&policy.valid, rounding) {
+                        Some((m, _)) => round_up_milli(request, m, *step).ok_or(PolicyError::NotAllowed(request))?,
+                        None => round_up_to_step(request, *min, *step),
+                    }
                 } else {
                     request
                 }
@@ -86,8 +117,41 @@ impl Capacity {
             ValidRequests::Values(values) => values.iter().copied().find(|v| request <= *v).unwrap_or(request),
             ValidRequests::Any => request,
         };
-        policy.check(consumed).map(|()| consumed)
+        policy.check(consumed, rounding).map(|()| consumed)
     }
+}
+
+/// A quantity in whole thousandths, when it is one and fits an i64 (the scheduler's
+/// `safeMilliValue`).
+fn exact_milli(q: Quantity) -> Option<i64> {
+    const NANOS_PER_MILLI: i128 = 1_000_000;
+    (q.nanos() % NANOS_PER_MILLI == 0).then(|| i64::try_from(q.nanos() / NANOS_PER_MILLI).ok()).flatten()
+}
+
+/// With [`Rounding::Milli`], a range's min and step in thousandths when the scheduler rounds it
+/// that way (its `useMilli`: min, max and step whole thousandths, the step at least 1m).
+fn milli_grid(valid: &ValidRequests, rounding: Rounding) -> Option<(i64, i64)> {
+    let ValidRequests::Range { min, max, step: Some(step) } = valid else { return None };
+    if rounding != Rounding::Milli || max.is_some_and(|m| exact_milli(m).is_none()) {
+        return None;
+    }
+    let (m, s) = (exact_milli(*min)?, exact_milli(*step)?);
+    (s >= 1).then_some((m, s))
+}
+
+/// `min + ceil((req - min) / step) * step` in thousandths, printed in the step's format (whole
+/// values as such); `None` when the request is no whole number of thousandths or the result
+/// leaves the range the scheduler can represent (it then refuses the request).
+fn round_up_milli(request: Quantity, min: i64, step: Quantity) -> Option<Quantity> {
+    let (r, s) = (exact_milli(request)?, exact_milli(step)?);
+    let added = i128::from(r) - i128::from(min);
+    let n = added / i128::from(s) + i128::from(added % i128::from(s) != 0);
+    let value = i64::try_from(i128::from(min) + i128::from(s) * n).ok()?;
+    Some(if value % 1000 == 0 {
+        Quantity::from_int(value / 1000, step.format())
+    } else {
+        Quantity::from_milli(value).with_format(step.format())
+    })
 }
 
 /// `min + ceil((req - min) / step) * step` on integer values rounded up, printed as BinarySI.
@@ -116,8 +180,8 @@ impl RequestPolicy {
         }
     }
 
-    /// The scheduler's `violatesPolicy` on a consumed amount.
-    fn check(&self, consumed: Quantity) -> Result<(), PolicyError> {
+    /// The scheduler's `violatesPolicy` on a consumed amount, rounding as `rounding` does.
+    fn check(&self, consumed: Quantity, rounding: Rounding) -> Result<(), PolicyError> {
         if self.default == Some(consumed) {
             return Ok(());
         }
@@ -128,6 +192,10 @@ impl RequestPolicy {
                     && consumed > *max
                 {
                     return Err(PolicyError::AboveMax { consumed, max: *max });
+                }
+                if let Some((m, s)) = milli_grid(&self.valid, rounding) {
+                    let off_grid = exact_milli(consumed).is_none_or(|c| (i128::from(c) - i128::from(m)) % i128::from(s) != 0);
+                    return if off_grid { Err(PolicyError::NotAllowed(consumed)) } else { Ok(()) };
                 }
                 if let Some(step) = step {
                     let (c, m, s) = (consumed.value_ceil(), min.value_ceil(), step.value_ceil());

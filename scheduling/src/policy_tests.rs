@@ -98,3 +98,50 @@ proptest! {
         prop_assert!(got - request.max(min) < step);
     }
 }
+
+/// Kubernetes 1.38 (`DRAFractionalCapacityRange`, GA): on a grid of thousandths the scheduler
+/// rounds in thousandths, so fractional core requests consume what they ask; whole grids, and
+/// memory's mebibyte grid, round as before. Figures from the allocator's `roundUpRange` at
+/// v0.38.0-beta.0, and checked against that scheduler by the rounding test.
+#[test]
+fn fractional_rounding_keeps_thousandths_on_a_milli_grid() {
+    let cores = range("100", "100", "1m", "100", "1m");
+    let milli = |r: &str| cores.consumed_by_in(Some(q(r)), Rounding::Milli).unwrap().to_string();
+    let whole = |r: &str| cores.consumed_by_in(Some(q(r)), Rounding::Whole).unwrap().to_string();
+    for (request, in_milli, in_whole) in [
+        ("500m", "500m", "1"),
+        ("99.1", "99100m", "100"),
+        ("1500m", "1500m", "2"),
+        ("0.1", "100m", "1"),
+        ("0", "1m", "1m"),
+        ("30", "30", "30"),
+    ] {
+        assert_eq!((milli(request), whole(request)), (in_milli.to_owned(), in_whole.to_owned()), "request {request}");
+    }
+    // Below a thousandth the scheduler cannot represent the request: no fit, never a wrap.
+    assert!(cores.consumed_by_in(Some(q("1500u")), Rounding::Milli).is_err());
+    let memory = range("24Gi", "24Gi", "1Mi", "24Gi", "1Mi");
+    for request in ["1.5Mi", "1G", "1", "4095Mi"] {
+        assert_eq!(
+            memory.consumed_by_in(Some(q(request)), Rounding::Milli).unwrap(),
+            memory.consumed_by(Some(q(request))).unwrap(),
+            "request {request}"
+        );
+    }
+    assert_eq!((Rounding::of_release(37), Rounding::of_release(38)), (Rounding::Whole, Rounding::Milli));
+}
+
+proptest! {
+    /// Whichever way it rounds, a request on a milli grid consumes at least what it asks, less
+    /// than a step more, and an amount on the grid.
+    #[test]
+    fn milli_rounding_never_takes_less_than_asked(request in 0i64..200_000, step in 1i64..5000) {
+        let cores = range("200", "200", "1m", "200", &format!("{step}m"));
+        if let Ok(c) = cores.consumed_by_in(Some(Quantity::from_milli(request)), Rounding::Milli) {
+            let c = c.nanos() / 1_000_000;
+            prop_assert!(c >= i128::from(request).max(1));
+            prop_assert!(c - i128::from(request.max(1)) < i128::from(step));
+            prop_assert_eq!((c - 1) % i128::from(step), 0);
+        }
+    }
+}

@@ -119,6 +119,12 @@ impl StatusWriter {
         self.pending().len()
     }
 
+    /// What waits to be written for claim `uid` (tests of its callers).
+    #[cfg(test)]
+    pub(crate) fn wanted(&self, uid: &Uid) -> Option<Vec<AllocatedDeviceStatus>> {
+        self.pending().get(uid).map(|w| w.devices.clone())
+    }
+
     fn pending(&self) -> std::sync::MutexGuard<'_, BTreeMap<Uid, Wanted>> {
         // Every update is one insert or remove: a panic elsewhere leaves no half-written map.
         vgpu_dra_runtime::sync::lock(&self.shared.pending)

@@ -528,3 +528,42 @@ async fn an_unprepare_moves_a_hostile_claim_directory_away_without_reading_it() 
     state.check_once().await;
     assert!(!node.cdi().claims_root.join(uid(7)).exists());
 }
+
+/// The claim's status follows its preparation: set with the card and limits after a prepare,
+/// cleared after the unprepare, and set again for every prepared claim when a restarted driver
+/// takes the writer (a crash between a prepare and its write leaves nothing unsaid).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepares_and_unprepares_ask_for_the_claims_status_and_a_restart_asks_again() {
+    use crate::plugin::api::status::{StatusMetrics, StatusWriter};
+    let client = dead_client();
+    let node = Node::new();
+    let claims = vec![
+        claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None),
+        claim("c2", 2, &[&share("hami-gpu-1", "gpu", 2, "2Gi", 10)], None),
+    ];
+    let writer = StatusWriter::new(client, DRIVER, Duration::from_secs(1), StatusMetrics::default());
+    let state = node.state(claims.clone(), vec![]).await.with_claim_status(writer.clone());
+    assert_eq!(writer.queued(), 0, "nothing prepared, nothing to say");
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    state.prepare(&cref("c2", 2)).await.unwrap();
+    let c1 = writer.wanted(&Uid::new(uid(1)).unwrap()).expect("a status for c1");
+    assert_eq!((c1.len(), c1[0].device.as_str(), c1[0].pool.as_str()), (1, "hami-gpu-0", "n1"));
+    let data = &c1[0].data.as_ref().unwrap().0;
+    assert_eq!((data["memoryLimit"].as_str(), data["smLimit"].as_str()), (Some("4096m"), Some("50")));
+    assert_eq!(c1[0].share_id.as_deref(), Some(uid(901).as_str()));
+
+    state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
+    assert_eq!(writer.wanted(&Uid::new(uid(1)).unwrap()), Some(Vec::new()), "the unprepare clears what the prepare set");
+
+    drop(state);
+    let restarted = StatusWriter::new(dead_client(), DRIVER, Duration::from_secs(1), StatusMetrics::default());
+    let _state = node.state(claims, vec![]).await.with_claim_status(restarted.clone());
+    assert_eq!(restarted.queued(), 1, "only the claim still prepared");
+    let c2 = restarted.wanted(&Uid::new(uid(2)).unwrap()).expect("c2 said again at start");
+    assert_eq!(c2[0].data.as_ref().unwrap().0["smLimit"], "10");
+}
+
+fn dead_client() -> kube::Client {
+    let ClaimSource::Api { client, .. } = dead_api() else { unreachable!() };
+    client
+}
