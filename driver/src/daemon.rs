@@ -200,10 +200,7 @@ impl App {
         let claim_status = args
             .claim_status
             .then(|| StatusWriter::new(client.clone(), driver.clone(), DEFAULT_API_TIMEOUT, telemetry.status.clone()));
-        let state = Arc::new(match &claim_status {
-            Some(writer) => state.with_claim_status(writer.clone()),
-            None => state,
-        });
+        let state = Arc::new(state.with_claim_status(claim_status.clone()));
         let monitor = (args.monitor_interval_ms > 0).then(|| {
             let switch = if args.idle_bursting { SwitchMode::Feedback } else { SwitchMode::AlwaysOn };
             let options = MonitorOptions { interval: Duration::from_millis(args.monitor_interval_ms.max(100)), switch };

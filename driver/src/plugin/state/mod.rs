@@ -187,14 +187,17 @@ impl State {
         self
     }
 
-    /// Writes each prepared claim's `status.devices` through `writer` from now on, starting with
-    /// every claim prepared now: a crash between a prepare and its write leaves nothing unsaid.
+    /// Writes each prepared claim's `status.devices` through `writer` (none: not at all) from now
+    /// on, starting with every claim prepared now: a crash between a prepare and its write leaves
+    /// nothing unsaid.
     #[must_use]
-    pub fn with_claim_status(mut self, writer: StatusWriter) -> Self {
-        for entry in self.inner.get_mut().prepared.values() {
-            writer.set(&entry.claim, device_statuses(entry, self.config.driver_name.as_str(), &self.node));
+    pub fn with_claim_status(mut self, writer: Option<StatusWriter>) -> Self {
+        if let Some(writer) = &writer {
+            for entry in self.inner.get_mut().prepared.values() {
+                writer.set(&entry.claim, device_statuses(entry, self.config.driver_name.as_str(), &self.node));
+            }
         }
-        self.status = Some(writer);
+        self.status = writer;
         self
     }
 

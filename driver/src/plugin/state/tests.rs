@@ -542,7 +542,7 @@ async fn prepares_and_unprepares_ask_for_the_claims_status_and_a_restart_asks_ag
         claim("c2", 2, &[&share("hami-gpu-1", "gpu", 2, "2Gi", 10)], None),
     ];
     let writer = StatusWriter::new(client, DRIVER, Duration::from_secs(1), StatusMetrics::default());
-    let state = node.state(claims.clone(), vec![]).await.with_claim_status(writer.clone());
+    let state = node.state(claims.clone(), vec![]).await.with_claim_status(Some(writer.clone()));
     assert_eq!(writer.queued(), 0, "nothing prepared, nothing to say");
     state.prepare(&cref("c1", 1)).await.unwrap();
     state.prepare(&cref("c2", 2)).await.unwrap();
@@ -557,7 +557,7 @@ async fn prepares_and_unprepares_ask_for_the_claims_status_and_a_restart_asks_ag
 
     drop(state);
     let restarted = StatusWriter::new(dead_client(), DRIVER, Duration::from_secs(1), StatusMetrics::default());
-    let _state = node.state(claims, vec![]).await.with_claim_status(restarted.clone());
+    let _state = node.state(claims, vec![]).await.with_claim_status(Some(restarted.clone()));
     assert_eq!(restarted.queued(), 1, "only the claim still prepared");
     let c2 = restarted.wanted(&Uid::new(uid(2)).unwrap()).expect("c2 said again at start");
     assert_eq!(c2[0].data.as_ref().unwrap().0["smLimit"], "10");
