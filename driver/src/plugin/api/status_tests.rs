@@ -52,7 +52,7 @@ fn api(codes: &[u16]) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
 }
 
 fn claim(n: u32) -> ClaimRef {
-    ClaimRef::new("team-a", &format!("claim-{n}"), &format!("00000000-0000-0000-0000-00000000000{n}")).unwrap()
+    ClaimRef::new("team-a", &format!("claim-{n}"), &format!("00000000-0000-0000-0000-{n:012}")).unwrap()
 }
 
 fn entry(device: &str) -> AllocatedDeviceStatus {
@@ -153,8 +153,9 @@ async fn a_newer_wish_replaces_a_write_waiting_to_be_tried_again() {
     writer.set(&claim(1), vec![entry("hami-gpu-0")]);
     let cancel = CancellationToken::new();
     let task = tokio::spawn(writer.clone().run(cancel.clone()));
-    // The first try failed; before the pause ends, the claim is unprepared.
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // The first try (after the quiet time) failed; before the pause ends, the claim is unprepared.
+    tokio::time::sleep(QUIET + Duration::from_millis(100)).await;
+    assert_eq!(seen.lock().unwrap().len(), 1, "the set was tried once");
     writer.clear(&claim(1));
     tokio::time::sleep(Duration::from_secs(5)).await;
     cancel.cancel();
@@ -177,4 +178,30 @@ async fn refusals_and_gone_claims_are_not_retried() {
     assert_eq!((count(&metrics, "gone"), count(&metrics, "refused")), (1, 3));
     let rbac: Vec<String> = warnings.lines().into_iter().filter(|l| l.contains("associated-node:patch")).collect();
     assert_eq!(rbac.len(), 1, "a missing permission is said once, with what to grant: {rbac:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_wait_for_a_burst_of_prepares_to_pass_but_not_forever() {
+    let (client, seen) = api(&[]);
+    let (writer, _) = new_writer(client);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(writer.clone().run(cancel.clone()));
+    let written = || seen.lock().unwrap().len();
+    // A burst: a prepare every 100 ms for 3 s; nothing is written while it lasts.
+    for n in 0..30 {
+        writer.set(&claim(n), vec![entry("hami-gpu-0")]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(written(), 0, "a write during the burst");
+    tokio::time::sleep(QUIET * 2).await;
+    assert_eq!(written(), 30, "all written once it is quiet");
+    // Prepares that never stop: the writes go on once the oldest waited MAX_DEFER.
+    let steady = MAX_DEFER.as_millis() / 100 + 20;
+    for n in 0..steady {
+        writer.set(&claim(1000 + u32::try_from(n).unwrap()), vec![entry("hami-gpu-0")]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(written() > 30, "no write in {steady} wishes past MAX_DEFER");
+    cancel.cancel();
+    task.await.unwrap();
 }
