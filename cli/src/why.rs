@@ -345,7 +345,8 @@ fn allocated(why: &mut ClaimWhy, claim: &ResourceClaim, cards: &[Card], driver: 
     for result in results(claim) {
         let consumed = share(claim, result)?.consumed;
         let card = cards.iter().find(|c| c.pool == result.pool && c.device == result.device);
-        let status = (result.driver == driver).then(|| written(claim, result)).flatten();
+        let ours = result.driver == driver;
+        let status = if ours { written(claim, result) } else { None };
         why.placements.push(Placement {
             request: result.request.clone(),
             driver: result.driver.clone(),
@@ -354,10 +355,8 @@ fn allocated(why: &mut ClaimWhy, claim: &ResourceClaim, cards: &[Card], driver: 
             consumed: consumed.iter().map(|(n, q)| (n.clone(), show(n, *q))).collect(),
             uuid: status.as_ref().map(|s| s.uuid.clone()),
         });
-        if result.driver == driver {
+        if ours {
             statuses.push(status);
-        }
-        if result.driver == driver {
             let amount = |name: &str| consumed.get(name).copied().unwrap_or(Quantity::ZERO);
             device_shares.push(DeviceShare {
                 uuid: card.map(|c| c.uuid(driver)).unwrap_or_default(),

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use serde_json::Value;
-use vgpu_dra_integration::{ControlPlane, Kubectl, PlaneOptions, eventually, start_driver};
+use vgpu_dra_integration::{ControlPlane, PlaneOptions, eventually, start_driver};
 
 mod common;
 
-use common::{DRIVER, Dirs, NODE, claim_with, webhook};
+use common::{DRIVER, Dirs, NODE, claim_with, taint_rule_version, webhook};
 
 #[test]
 fn a_taint_rule_drains_one_card_and_leaves_the_other() {
@@ -25,19 +25,6 @@ fn a_taint_rule_drains_one_card_and_leaves_the_other() {
     if let Err(e) = scenario(&mut plane) {
         panic!("{e:#}");
     }
-}
-
-/// The API version that serves DeviceTaintRules on this API server.
-fn rule_version(kubectl: &Kubectl) -> anyhow::Result<&'static str> {
-    let served = kubectl.run(&["api-versions"])?;
-    ["v1", "v1beta2"]
-        .into_iter()
-        .find(|v| served.lines().any(|l| l == format!("resource.k8s.io/{v}")) && served_rules(kubectl, v))
-        .context("no API version serves DeviceTaintRules")
-}
-
-fn served_rules(kubectl: &Kubectl, version: &str) -> bool {
-    kubectl.run(&["get", "--raw", &format!("/apis/resource.k8s.io/{version}/devicetaintrules")]).is_ok()
 }
 
 /// docs/troubleshooting.md's rule (drain-gpu-0, NoSchedule on the quick start node's first
@@ -77,7 +64,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
             .count();
         Ok((devices == 2).then_some(()))
     })?;
-    let version = rule_version(&kubectl)?;
+    let version = taint_rule_version(&kubectl).context("no API version serves DeviceTaintRules")?;
     eprintln!("DeviceTaintRule served as resource.k8s.io/{version}");
 
     // NoSchedule on the first card: new claims go to the second, and the third waits.

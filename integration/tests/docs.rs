@@ -264,11 +264,8 @@ impl Docs {
                 // Served as v1 from 1.37, as v1beta2 in 1.36 (the test bed turns it on there); a
                 // server-side dry run, so the quick start's card stays in service.
                 let kubectl = self.plane.kubectl();
-                let served = kubectl.run(&["api-versions"]).unwrap();
-                let version = ["v1", "v1beta2"]
-                    .into_iter()
-                    .find(|v| kubectl.run(&["get", "--raw", &format!("/apis/resource.k8s.io/{v}/devicetaintrules")]).is_ok())
-                    .unwrap_or_else(|| panic!("{}: no version serves DeviceTaintRules: {served}", block.at()));
+                let version = common::taint_rule_version(kubectl)
+                    .unwrap_or_else(|| panic!("{}: no version serves DeviceTaintRules", block.at()));
                 let body =
                     block.body.replace("apiVersion: resource.k8s.io/v1\n", &format!("apiVersion: resource.k8s.io/{version}\n"));
                 assert!(body.contains(&format!("pool: {NODE}")), "{}: the rule does not name the quick start's node", block.at());

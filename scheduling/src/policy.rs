@@ -107,7 +107,7 @@ impl Capacity {
                     *min
                 } else if let Some(step) = step {
                     match milli_grid(&policy.valid, rounding) {
-                        Some((m, _)) => round_up_milli(request, m, *step).ok_or(PolicyError::NotAllowed(request))?,
+                        Some((m, s)) => round_up_milli(request, m, s, step.format()).ok_or(PolicyError::NotAllowed(request))?,
                         None => round_up_to_step(request, *min, *step),
                     }
                 } else {
@@ -139,18 +139,18 @@ fn milli_grid(valid: &ValidRequests, rounding: Rounding) -> Option<(i64, i64)> {
     (s >= 1).then_some((m, s))
 }
 
-/// `min + ceil((req - min) / step) * step` in thousandths, printed in the step's format (whole
+/// `min + ceil((req - min) / s) * s`, all in thousandths, printed in `format` (the step's; whole
 /// values as such); `None` when the request is no whole number of thousandths or the result
 /// leaves the range the scheduler can represent (it then refuses the request).
-fn round_up_milli(request: Quantity, min: i64, step: Quantity) -> Option<Quantity> {
-    let (r, s) = (exact_milli(request)?, exact_milli(step)?);
+fn round_up_milli(request: Quantity, min: i64, s: i64, format: Format) -> Option<Quantity> {
+    let r = exact_milli(request)?;
     let added = i128::from(r) - i128::from(min);
     let n = added / i128::from(s) + i128::from(added % i128::from(s) != 0);
     let value = i64::try_from(i128::from(min) + i128::from(s) * n).ok()?;
     Some(if value % 1000 == 0 {
-        Quantity::from_int(value / 1000, step.format())
+        Quantity::from_int(value / 1000, format)
     } else {
-        Quantity::from_milli(value).with_format(step.format())
+        Quantity::from_milli(value).with_format(format)
     })
 }
 

@@ -265,3 +265,11 @@ pub fn status_devices(kubectl: &vgpu_dra_integration::Kubectl, namespace: &str, 
     }
     Ok(ours)
 }
+
+/// The `resource.k8s.io` version that serves DeviceTaintRules on this API server: v1 from 1.37,
+/// v1beta2 where 1.36 has it switched on; `None` where none does.
+pub fn taint_rule_version(kubectl: &vgpu_dra_integration::Kubectl) -> Option<&'static str> {
+    ["v1", "v1beta2"]
+        .into_iter()
+        .find(|v| kubectl.run(&["get", "--raw", &format!("/apis/resource.k8s.io/{v}/devicetaintrules")]).is_ok())
+}

@@ -5,8 +5,8 @@
 //! One writer per node. What is asked last for a claim wins: a set that has not gone out yet is
 //! replaced by the clear of an unprepare, so the API never ends with the older of the two. The
 //! writes give way to a burst of prepares: they wait until no new wish came for [`QUIET`] (or the
-//! oldest has waited [`MAX_DEFER`]), since on a small node each apply costs the driver and the
-//! API server about a millisecond of CPU that the burst's pods are waiting on, and a claim
+//! oldest has waited [`MAX_DEFER`]), since where the API server shares the node's cores each
+//! apply takes CPU the burst's pods are waiting on (BENCHMARKS.md measures it), and a claim
 //! prepared and unprepared within the burst then costs one write, not two. Each
 //! write is a server-side apply of the status subresource under the driver's field manager,
 //! naming the claim's UID (the API server refuses it for a claim recreated under the same name),
@@ -229,14 +229,11 @@ impl StatusWriter {
     async fn write(&self, wanted: &Wanted) -> Outcome {
         let claim = &wanted.claim;
         let params = PatchParams::apply(&self.shared.manager).force();
-        let body: serde_json::Value = match serde_json::from_slice(&wanted.body) {
-            Ok(body) => body,
-            Err(e) => return Outcome::Refused { forbidden: false, message: e.to_string() },
-        };
         let url = ResourceClaim::url_path(&(), Some(claim.namespace.as_str()));
+        // kube builds the URL, query and headers; the body is the one queued, already JSON.
         let request =
-            match kube::core::Request::new(url).patch_subresource("status", claim.name.as_str(), &params, &Patch::Apply(body)) {
-                Ok(r) => r,
+            match kube::core::Request::new(url).patch_subresource("status", claim.name.as_str(), &params, &Patch::Apply(())) {
+                Ok(r) => r.map(|_| wanted.body.to_vec()),
                 Err(e) => return Outcome::Refused { forbidden: false, message: e.to_string() },
             };
         // The answer (the whole claim) is not parsed: only whether it was taken matters.
