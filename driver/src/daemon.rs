@@ -255,7 +255,8 @@ impl App {
         let probes = Probes {
             registered: registered.clone(),
             published: publisher.ready_flag(),
-            sockets: vec![paths.dra_socket.clone(), paths.registration_socket.clone()],
+            sockets: plugin::kubelet::probe::PluginSockets::from(&paths),
+            call_timeout: plugin::kubelet::probe::CALL_TIMEOUT,
         };
         let scrape = Scrape { metrics: telemetry.metrics, report: telemetry.report, state: state.clone() };
         let http =

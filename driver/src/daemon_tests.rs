@@ -69,9 +69,10 @@ fn metrics_doc_lists_every_family() {
     assert_eq!(exposed, documented, "docs/metrics.md and the registry differ");
 }
 
-/// The built app serves the kubelet's sockets and stops within the drain deadline when
-/// cancelled, removing its registration socket: an API server that answers nothing useful
-/// beyond the start-up check (every other request a 404) stops no part from starting.
+/// The built app serves the kubelet's sockets, answers the probes' calls on them, and stops
+/// within the drain deadline when cancelled, removing its registration socket: an API server
+/// that answers nothing useful beyond the start-up check (every other request a 404) stops no
+/// part from starting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_built_app_serves_the_kubelet_and_stops_when_cancelled() {
     use clap::Parser;
@@ -115,6 +116,8 @@ async fn the_built_app_serves_the_kubelet_and_stops_when_cancelled() {
     });
     let app = App::build(&args, &resolved, devices.source(), kube::Client::new(service, "default")).await.unwrap();
     let registration = app.paths.registration_socket.clone();
+    let sockets = crate::plugin::kubelet::probe::PluginSockets::from(&app.paths);
+    let metrics = app.telemetry.metrics.clone();
     let cancel = CancellationToken::new();
     let parts = app.spawn(&cancel);
     let started = std::time::Instant::now();
@@ -122,6 +125,9 @@ async fn the_built_app_serves_the_kubelet_and_stops_when_cancelled() {
         assert!(started.elapsed() < Duration::from_secs(10), "no registration socket");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The real services answer the liveness probe's calls; its empty prepare counts nowhere.
+    sockets.check(crate::plugin::kubelet::probe::CALL_TIMEOUT).await.expect("both sockets answer");
+    assert!(!metrics.encode().contains("vgpu_dra_prepare_duration_seconds_count"), "the probe is not a prepare");
     cancel.cancel();
     tokio::time::timeout(DRAIN_GRACE, parts).await.expect("stopped within the drain deadline").unwrap();
     assert!(!registration.exists(), "the kubelet sees the plugin leave");

@@ -1,9 +1,8 @@
-//! The HTTP endpoints: `/metrics`, `/healthz` (the process and its gRPC sockets answer) and
-//! `/readyz` (also registered with the kubelet, and the last attempt to publish the slices
-//! succeeded).
+//! The HTTP endpoints: `/metrics`, `/healthz` (the kubelet plugin's sockets answer a real gRPC
+//! call each, within a deadline) and `/readyz` (the same calls, and also registered with the
+//! kubelet and the last attempt to publish the slices succeeded).
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -15,6 +14,7 @@ use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::plugin::kubelet::probe::PluginSockets;
 use crate::plugin::report::DeviceReport;
 use crate::plugin::state::State;
 
@@ -25,8 +25,11 @@ pub struct Probes {
     pub registered: Arc<AtomicBool>,
     /// The last attempt to publish the pool succeeded ([`crate::publisher::Publisher::ready_flag`]).
     pub published: Arc<AtomicBool>,
-    /// Sockets that must accept connections.
-    pub sockets: Vec<PathBuf>,
+    /// The kubelet plugin's sockets, each asked a call that changes nothing.
+    pub sockets: PluginSockets,
+    /// How long each socket may take to answer
+    /// ([`crate::plugin::kubelet::probe::CALL_TIMEOUT`]).
+    pub call_timeout: Duration,
 }
 
 /// What a scrape reads: the registry, with the device figures set from the state just before.
@@ -54,32 +57,31 @@ struct Shared {
     scrape: Scrape,
 }
 
-async fn sockets_answer(probes: &Probes) -> Result<(), String> {
-    for s in &probes.sockets {
-        match tokio::time::timeout(Duration::from_secs(1), tokio::net::UnixStream::connect(s)).await {
-            Ok(Ok(_)) => {}
-            _ => return Err(format!("socket {} does not answer", s.display())),
+/// Each socket that failed its call, one line each.
+async fn sockets_answer(probes: &Probes) -> Result<(), Vec<String>> {
+    probes.sockets.check(probes.call_timeout).await.map_err(|failed| failed.iter().map(ToString::to_string).collect())
+}
+
+/// `/healthz`: 200 when both sockets answer their call; else 503 naming each that did not.
+async fn health(probes: &Probes) -> (StatusCode, String) {
+    match sockets_answer(probes).await {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(failed) => {
+            // Three of these in a row and the kubelet restarts the container.
+            tracing::warn!(error = %failed.join("; "), "liveness check failed");
+            (StatusCode::SERVICE_UNAVAILABLE, failed.join("\n") + "\n")
         }
     }
-    Ok(())
 }
 
-async fn healthz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
-    match sockets_answer(&s.probes).await {
-        Ok(()) => (StatusCode::OK, "ok\n".into()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")),
-    }
-}
-
-async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
-    let mut missing = Vec::new();
-    if let Err(e) = sockets_answer(&s.probes).await {
-        missing.push(e);
-    }
-    if !s.probes.registered.load(Ordering::SeqCst) {
+/// `/readyz`: the same calls (cheap: a few local round trips every probe period), and the
+/// registration and publishing flags.
+async fn readiness(probes: &Probes) -> (StatusCode, String) {
+    let mut missing = sockets_answer(probes).await.err().unwrap_or_default();
+    if !probes.registered.load(Ordering::SeqCst) {
         missing.push("not registered with the kubelet".into());
     }
-    if !s.probes.published.load(Ordering::SeqCst) {
+    if !probes.published.load(Ordering::SeqCst) {
         missing.push("ResourceSlices not published (not yet, or the last attempt failed)".into());
     }
     if missing.is_empty() {
@@ -87,6 +89,14 @@ async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, missing.join("\n") + "\n")
     }
+}
+
+async fn healthz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
+    health(&s.probes).await
+}
+
+async fn readyz(AxumState(s): AxumState<Shared>) -> (StatusCode, String) {
+    readiness(&s.probes).await
 }
 
 async fn metrics(AxumState(s): AxumState<Shared>) -> ([(&'static str, &'static str); 1], String) {
@@ -110,3 +120,7 @@ pub async fn serve(address: SocketAddr, probes: Probes, scrape: Scrape, cancel: 
     axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await?;
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "http_tests.rs"]
+mod tests;

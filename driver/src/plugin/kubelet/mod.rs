@@ -3,6 +3,7 @@
 //! only; the work is in [`super::state`].
 
 pub mod health;
+pub mod probe;
 pub mod service;
 pub mod uds;
 
