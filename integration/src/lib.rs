@@ -8,6 +8,7 @@
 mod components;
 mod control_plane;
 mod driver;
+pub mod image;
 mod kubelet_sim;
 pub mod kueue;
 pub mod node;
