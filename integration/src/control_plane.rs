@@ -31,6 +31,12 @@ pub struct PlaneOptions {
     /// Serve DeviceTaintRules (KEP-5055) and act on them: GA in 1.37; in 1.36 a beta gate that is
     /// off, with its API in `resource.k8s.io/v1beta2`, which is off too.
     pub device_taint_rules: bool,
+    /// What installed workloads need of a cluster (`crate::pod_network`): the controllers of
+    /// Deployments, ReplicaSets, DaemonSets, Jobs, EndpointSlices, PodDisruptionBudgets and the
+    /// root CA ConfigMap; Services resolved to their endpoints; and the `cluster` egress (to pods
+    /// and kubelets) through [`ControlPlane::egress_socket`], which a node with a pod network
+    /// serves.
+    pub pod_network: bool,
 }
 
 /// A running control plane; dropping it stops every process and removes its files.
@@ -47,6 +53,8 @@ pub struct ControlPlane {
     webhook_clients: ClientCa,
     /// The loopback port of the webhook URL it presents that certificate to.
     webhook_port: u16,
+    /// The `cluster` egress's proxy socket, with [`PlaneOptions::pod_network`].
+    egress_socket: Option<PathBuf>,
     dir: tempfile::TempDir,
     /// How long bring-up took.
     pub startup: Duration,
@@ -83,7 +91,7 @@ impl ControlPlane {
         }
         std::fs::write(d.join("tokens.csv"), format!("{ADMIN_TOKEN},admin,admin-uid,system:masters\n"))?;
         let webhook_port = free_port()?;
-        let (webhook_clients, admission_config) = write_admission_config(d, webhook_port)?;
+        let (webhook_clients, admission_config) = write_admission_config(d, webhook_port, options.pod_network)?;
         // Kubelets authenticate with client certificates as `system:node:<name>`, as in a
         // cluster, so that the Node authorizer and NodeRestriction judge them; the API server
         // presents one to the kubelets, which ask the API whether it may.
@@ -121,6 +129,13 @@ impl ControlPlane {
             audit.push(format!("--audit-log-path={}", d.join("audit.log").display()));
             audit.push("--audit-log-mode=blocking".to_owned());
         }
+        let mut extra = audit;
+        let egress_socket = options.pod_network.then(|| d.join("egress.sock"));
+        if let Some(socket) = &egress_socket {
+            std::fs::write(d.join("egress.yaml"), crate::pod_network::egress_selector_config(socket))?;
+            extra.push(format!("--egress-selector-config-file={}", d.join("egress.yaml").display()));
+            extra.push("--enable-aggregator-routing=true".to_owned());
+        }
         let apiserver = ManagedProcess::spawn(
             "kube-apiserver",
             &bins.kube_apiserver,
@@ -153,7 +168,7 @@ impl ControlPlane {
                     // Every webhook it calls gets its client certificate.
                     &format!("--admission-control-config-file={}", admission_config.display()),
                 ]),
-                audit,
+                extra,
             ]
             .concat(),
             d,
@@ -171,6 +186,7 @@ impl ControlPlane {
             client_ca,
             webhook_clients,
             webhook_port,
+            egress_socket,
             dir,
             startup: Duration::ZERO,
         };
@@ -182,6 +198,12 @@ impl ControlPlane {
             &strings(&[&kc, "--leader-elect=false", "--secure-port=0", &format!("--feature-gates={gates}"), "--v=2"]),
             plane.dir.path(),
         )?);
+        let mut controllers = "--controllers=resourceclaim-controller,serviceaccount-controller,garbage-collector-controller,namespace-controller,device-taint-eviction-controller".to_owned();
+        if options.pod_network {
+            controllers.push_str(",deployment-controller,replicaset-controller,daemonset-controller,job-controller,endpointslice-controller,disruption-controller,root-ca-certificate-publisher-controller");
+            // The API server's own certificate stands for the cluster's CA (as `node` publishes it).
+        }
+        let root_ca = format!("--root-ca-file={}", plane.dir.path().join("apiserver-certs/apiserver.crt").display());
         plane.controller_manager = Some(ManagedProcess::spawn(
             "kube-controller-manager",
             &bins.kube_controller_manager,
@@ -189,8 +211,9 @@ impl ControlPlane {
                 &kc,
                 "--leader-elect=false",
                 "--secure-port=0",
-                "--controllers=resourceclaim-controller,serviceaccount-controller,garbage-collector-controller,namespace-controller,device-taint-eviction-controller",
+                &controllers,
                 &format!("--feature-gates={gates}"),
+                if options.pod_network { &root_ca } else { "--root-ca-file=" },
             ]),
             plane.dir.path(),
         )?);
@@ -269,6 +292,12 @@ impl ControlPlane {
     /// The API server's process id (benchmarks read its CPU time and memory from /proc).
     pub fn apiserver_pid(&self) -> Option<u32> {
         self.apiserver.pid()
+    }
+
+    /// The socket a node with a pod network serves the `cluster` egress on
+    /// ([`PlaneOptions::pod_network`]).
+    pub fn egress_socket(&self) -> Option<&Path> {
+        self.egress_socket.as_deref()
     }
 
     /// A scratch directory that lives as long as the plane.
@@ -388,19 +417,25 @@ fn record_bring_up(took: Duration) {
 /// The files are those docs/security.md shows, in `<dir>/admission/` for
 /// `/etc/kubernetes/admission/` and with the URL's `host:port` for the Service's name
 /// (`integration/tests/docs.rs` compares them).
-fn write_admission_config(dir: &Path, webhook_port: u16) -> anyhow::Result<(ClientCa, PathBuf)> {
+/// With `every_webhook`, the certificate goes to every webhook, Services' included (installed
+/// charts'), not only to the loopback URL.
+fn write_admission_config(dir: &Path, webhook_port: u16, every_webhook: bool) -> anyhow::Result<(ClientCa, PathBuf)> {
     let admission = dir.join("admission");
     let clients = ClientCa::new(&admission, "vgpu-dra-test-webhook-client-ca")?;
     let (cert, key) = clients.issue("webhook-client", WEBHOOK_CLIENT_NAME, "vgpu-dra-test")?;
     let kubeconfig = admission.join("webhook-client.kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nusers:\n- name: 127.0.0.1:{webhook_port}\n  user:\n    client-certificate: {}\n    client-key: {}\n",
+    let user = |name: &str| -> anyhow::Result<String> {
+        Ok(format!(
+            "- name: {name}\n  user:\n    client-certificate: {}\n    client-key: {}\n",
             path_str(&cert)?,
             path_str(&key)?
-        ),
-    )?;
+        ))
+    };
+    let mut users = user(&format!("127.0.0.1:{webhook_port}"))?;
+    if every_webhook {
+        users.push_str(&user("'*'")?);
+    }
+    std::fs::write(&kubeconfig, format!("apiVersion: v1\nkind: Config\nusers:\n{users}"))?;
     let plugin = |name: &str| -> anyhow::Result<String> {
         Ok(format!(
             "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",

@@ -13,6 +13,7 @@ mod kubelet_sim;
 pub mod kueue;
 pub mod node;
 pub mod pki;
+pub mod pod_network;
 mod process;
 pub mod volcano;
 mod webhook_tls;

@@ -261,6 +261,23 @@ const KUBELET_SYSCTLS: [(&str, &str); 6] = [
     ("kernel/keys/root_maxbytes", "25000000"),
 ];
 
+/// How a node is set up beyond what every node has.
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    /// Installed workloads run as in a cluster: pods get a network ([`crate::pod_network`]; the
+    /// plane must have [`crate::PlaneOptions::pod_network`]), and the node's directories are seen
+    /// by the kubelet, containerd and every container at the paths a chart's defaults name
+    /// ([`STANDARD_PATHS`]), bound in the node's mount namespace.
+    pub pod_network: bool,
+}
+
+/// Where a node with [`NodeOptions::pod_network`] shows its directories, and their names under
+/// [`node_host_dir`]: the kubelet's root, the CDI directory, HAMi-core's host directory and
+/// HAMi-core's lock directory, as the chart's defaults name them. Each mount point is created
+/// empty on the machine if missing; what is bound there is seen only inside the node.
+pub const STANDARD_PATHS: [(&str, &str); 4] =
+    [("/var/lib/kubelet", "kubelet"), ("/var/run/cdi", "cdi"), ("/usr/local/vgpu", "vgpu"), ("/tmp/vgpulock", "vgpulock")];
+
 /// A running node; dropping it stops its kubelet, its containers and containerd, and removes
 /// its cgroups and mounts.
 pub struct Node {
@@ -280,6 +297,15 @@ pub struct Node {
     client_ca: PathBuf,
     kubectl: Kubectl,
     kubelet_starts: u32,
+    options: NodeOptions,
+    /// The API server's address from inside the node, and the egress to it.
+    network: Option<(crate::pod_network::Relay, crate::pod_network::EgressProxy)>,
+    /// The plane's API server address on the machine.
+    server: String,
+    /// The plane's egress socket.
+    egress_socket: Option<PathBuf>,
+    /// The node's directories by name under [`node_host_dir`].
+    host: PathBuf,
     // Last: removed once everything above is stopped.
     dir: tempfile::TempDir,
 }
@@ -293,6 +319,18 @@ impl Node {
     /// When the machine lacks a feature ([`require_node_support`]), a component is missing, or a
     /// component does not come up in time (its log is quoted).
     pub fn start(plane: &ControlPlane, name: &str) -> anyhow::Result<Self> {
+        Self::start_with(plane, name, &NodeOptions::default())
+    }
+
+    /// [`Node::start`] with options.
+    ///
+    /// # Errors
+    /// As [`Node::start`]; also when `options` asks for a pod network the plane has no egress for.
+    pub fn start_with(plane: &ControlPlane, name: &str, options: &NodeOptions) -> anyhow::Result<Self> {
+        ensure!(
+            !options.pod_network || plane.egress_socket().is_some(),
+            "a node with a pod network needs a plane started with PlaneOptions::pod_network"
+        );
         let cgroups = require_node_support()?;
         let bins = node_components()?;
         // Short: containerd's shim sockets live in `<dir>/s` and unix socket paths are short.
@@ -300,8 +338,9 @@ impl Node {
         let host = node_host_dir(plane, name);
         let kubelet_dir = host.join("kubelet");
         let cdi_dir = host.join("cdi");
-        for d in [&kubelet_dir, &cdi_dir] {
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        for (_, sub) in STANDARD_PATHS {
+            let d = host.join(sub);
+            std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
         }
         let unique = dir.path().file_name().and_then(|n| n.to_str()).unwrap_or("vgpu-node").to_owned();
         let socket = dir.path().join("containerd.sock");
@@ -318,9 +357,15 @@ impl Node {
             client_ca: plane.client_ca().cert(),
             kubectl: plane.kubectl().clone(),
             kubelet_starts: 0,
+            options: options.clone(),
+            network: None,
+            server: plane.server().to_owned(),
+            egress_socket: plane.egress_socket().map(Path::to_owned),
+            host,
             dir,
         };
         node.start_containerd(bins)?;
+        node.start_network()?;
         node.import_images(bins)?;
         node.create_cgroup_root()?;
         node.start_kubelet()?;
@@ -344,6 +389,36 @@ impl Node {
         &self.cdi_dir
     }
 
+    /// Where the node keeps what it shows at `path_in_node` (one of [`STANDARD_PATHS`]), as the
+    /// machine sees it.
+    pub fn host_view(&self, path_in_node: &str) -> Option<PathBuf> {
+        STANDARD_PATHS.iter().find(|(p, _)| *p == path_in_node).map(|(_, sub)| self.host.join(sub))
+    }
+
+    /// The node's network namespace's holder (containerd), with a pod network.
+    fn network_holder(&self) -> Option<u32> {
+        if !self.options.pod_network {
+            return None;
+        }
+        self.containerd.as_ref().and_then(ManagedProcess::pid)
+    }
+
+    /// With a pod network: the API server's addresses inside the node, and the plane's egress.
+    fn start_network(&mut self) -> anyhow::Result<()> {
+        let Some(pid) = self.network_holder() else { return Ok(()) };
+        let api: std::net::SocketAddr = self
+            .server
+            .trim_start_matches("https://")
+            .parse()
+            .with_context(|| format!("the API server's address {}", self.server))?;
+        let service: std::net::SocketAddr = format!("{}:443", crate::pod_network::API_SERVICE_IP).parse()?;
+        let relay = crate::pod_network::Relay::start(pid, &[(api, api), (service, api)])?;
+        let socket = self.egress_socket.clone().context("no egress socket")?;
+        let egress = crate::pod_network::EgressProxy::start(pid, &socket)?;
+        self.network = Some((relay, egress));
+        Ok(())
+    }
+
     /// The kubelet's log.
     pub fn kubelet_log(&self) -> Option<&Path> {
         self.kubelet.as_ref().map(ManagedProcess::log)
@@ -358,7 +433,7 @@ impl Node {
         } else {
             String::new()
         };
-        write_cni(d)?;
+        write_cni(d, self.options.pod_network)?;
         // Every registry, `_default`, is an address that refuses connections.
         std::fs::create_dir_all(d.join("registries/_default"))?;
         std::fs::write(d.join("registries/_default/hosts.toml"), "server = \"https://127.0.0.1:1\"\n")?;
@@ -420,7 +495,7 @@ disabled_plugins = ['io.containerd.nri.v1.nri', 'io.containerd.tracing.processor
             socket = toml_str(&self.socket),
             ttrpc = toml_str(&d.join("containerd.sock.ttrpc")),
             opt = toml_str(&d.join("opt")),
-            cdi = toml_str(&self.cdi_dir),
+            cdi = toml_str(if self.options.pod_network { Path::new("/var/run/cdi") } else { &self.cdi_dir }),
             runc = toml_str(&bins.runc),
             runc_root = toml_str(&d.join("runc")),
             cni_bin = toml_str(&d.join("cni/bin")),
@@ -463,17 +538,17 @@ disabled_plugins = ['io.containerd.nri.v1.nri', 'io.containerd.tracing.processor
         // The mount point on the machine, empty; what is cached there stays in the namespace.
         std::fs::create_dir_all("/var/lib/cni").context("creating /var/lib/cni")?;
         script.push("mount -t tmpfs -o mode=0700 vgpu-dra-node-cni /var/lib/cni".to_owned());
+        let mut unshare = vec!["--mount".to_owned()];
+        if self.options.pod_network {
+            unshare.push("--net".to_owned());
+            script.extend(crate::pod_network::namespace_setup());
+            for (path, sub) in STANDARD_PATHS {
+                std::fs::create_dir_all(path).with_context(|| format!("creating the mount point {path}"))?;
+                script.push(format!("mount --bind {} {path}", self.host.join(sub).display()));
+            }
+        }
         script.push("exec \"$@\"".to_owned());
-        Ok(vec![
-            "--mount".to_owned(),
-            "--propagation".to_owned(),
-            "slave".to_owned(),
-            "--".to_owned(),
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            script.join("\n"),
-            "node".to_owned(),
-        ])
+        Ok([unshare, strings_of(&["--propagation", "slave", "--", "/bin/sh", "-c", &script.join("\n"), "node"])].concat())
     }
 
     fn import_images(&mut self, bins: &NodeComponents) -> anyhow::Result<()> {
@@ -617,19 +692,23 @@ featureGates:
         // The node's mount namespace, which containerd holds.
         let holder = self.containerd.as_ref().and_then(ManagedProcess::pid).context("containerd is not running")?;
         self.kubelet_starts += 1;
-        let mut args = vec![
-            format!("--mount=/proc/{holder}/ns/mnt"),
+        let root_dir = if self.options.pod_network { PathBuf::from("/var/lib/kubelet") } else { self.kubelet_dir.clone() };
+        let mut args = vec![format!("--mount=/proc/{holder}/ns/mnt")];
+        if self.options.pod_network {
+            args.push(format!("--net=/proc/{holder}/ns/net"));
+        }
+        args.extend([
             "--".to_owned(),
             bins.kubelet.display().to_string(),
             format!("--config={}", config.display()),
             format!("--kubeconfig={}", self.kubeconfig.display()),
-            format!("--root-dir={}", self.kubelet_dir.display()),
+            format!("--root-dir={}", root_dir.display()),
             format!("--cert-dir={}", d.join("kubelet-pki").display()),
             format!("--hostname-override={}", self.name),
             // Leaves the Node's addresses to this module (see the module's documentation).
             "--cloud-provider=external".to_owned(),
             format!("--v={}", std::env::var("VGPU_DRA_KUBELET_V").unwrap_or_else(|_| "2".into())),
-        ];
+        ]);
         args.extend(
             std::env::var("VGPU_DRA_KUBELET_ARGS")
                 .ok()
@@ -641,7 +720,15 @@ featureGates:
         let url = format!("http://127.0.0.1:{healthz}/healthz");
         eventually("the kubelet's /healthz", Duration::from_secs(90), || {
             self.check_running()?;
-            Ok(http_get(&url).ok().filter(|body| body.trim() == "ok").map(|_| ()))
+            let body = match self.network_holder() {
+                // Its health port is on the node's loopback.
+                Some(pid) => {
+                    let url = url.clone();
+                    crate::pod_network::in_namespace(pid, move || http_get(&url))
+                }
+                None => http_get(&url),
+            };
+            Ok(body.ok().filter(|body| body.trim() == "ok").map(|_| ()))
         })
     }
 
@@ -810,6 +897,7 @@ impl Drop for Node {
         }
         self.stop_kubelet();
         self.kill_containers();
+        self.network = None;
         if let Some(mut c) = self.containerd.take() {
             if std::thread::panicking() {
                 eprintln!("----- containerd log ({}) -----\n{}", c.log().display(), c.tail(60));
@@ -822,18 +910,21 @@ impl Drop for Node {
     }
 }
 
-/// The node's CNI configuration and plugin ([`CNI_PLUGIN`]) under `dir`/`cni`.
-fn write_cni(dir: &Path) -> anyhow::Result<()> {
+/// The node's CNI configuration and plugin ([`CNI_PLUGIN`], or with a pod network
+/// [`crate::pod_network::CNI_PLUGIN`]) under `dir`/`cni`.
+fn write_cni(dir: &Path, pod_network: bool) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let (conf, bin) = (dir.join("cni/net.d"), dir.join("cni/bin"));
     std::fs::create_dir_all(&conf)?;
     std::fs::create_dir_all(&bin)?;
-    let plugin = bin.join("vgpu-dra-loopback-only");
-    std::fs::write(&plugin, CNI_PLUGIN)?;
+    let (name, text) =
+        if pod_network { ("vgpu-dra-bridge", crate::pod_network::CNI_PLUGIN) } else { ("vgpu-dra-loopback-only", CNI_PLUGIN) };
+    let plugin = bin.join(name);
+    std::fs::write(&plugin, text)?;
     std::fs::set_permissions(&plugin, std::fs::Permissions::from_mode(0o755))?;
     std::fs::write(
         conf.join("10-vgpu-dra.conflist"),
-        r#"{"cniVersion": "1.0.0", "name": "vgpu-dra-node", "plugins": [{"type": "vgpu-dra-loopback-only"}]}"#,
+        format!(r#"{{"cniVersion": "1.0.0", "name": "vgpu-dra-node", "plugins": [{{"type": "{name}"}}]}}"#),
     )?;
     Ok(())
 }
@@ -915,4 +1006,8 @@ fn http_get(url: &str) -> anyhow::Result<String> {
     let (head, body) = response.split_once("\r\n\r\n").context("no HTTP body")?;
     ensure!(head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"), "{}", head.lines().next().unwrap_or(""));
     Ok(body.to_owned())
+}
+
+fn strings_of(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| (*s).to_owned()).collect()
 }
