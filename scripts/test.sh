@@ -54,8 +54,8 @@ fi
 echo "tests on Kubernetes ${K8S_VERSION:-v1.36.3}: $((SECONDS - start)) s (status $status)"
 
 # The whole suite runs on one release; the tests of what changes between releases (the
-# scheduler's allocator and rounding, the kubelet's plugin manager and a real node, the DRA API,
-# admission, Kueue's DRA path) run again on the next one. Not for a run the caller narrowed.
+# scheduler's allocator and rounding, the kubelet's plugin manager, a real node and the chart
+# installed on it, the DRA API, admission, Kueue's DRA path) run again on the next one. Not for a run the caller narrowed.
 SECOND_K8S_VERSION="${SECOND_K8S_VERSION-v1.37.2}"
 narrowed=false
 for arg in ${cargo_args[@]+"${cargo_args[@]}"}; do
@@ -76,7 +76,7 @@ if ! $narrowed && [[ -n $SECOND_K8S_VERSION && -z ${K8S_VERSION:-} ]]; then
 		done <<<"$second"
 		export K8S_VERSION="$SECOND_K8S_VERSION"
 		tests=()
-		for t in rounding kubelet_plugin kubelet_sim real_node preflight admin_access device_taints chart webhook webhook_fit webhook_examples kueue; do
+		for t in rounding kubelet_plugin kubelet_sim real_node helm_install preflight admin_access device_taints chart webhook webhook_fit webhook_examples kueue; do
 			tests+=(--test "$t")
 		done
 		cargo test --locked ${cargo_args[@]+"${cargo_args[@]}"} -p vgpu-dra-integration "${tests[@]}" -- ${test_args[@]+"${test_args[@]}"}

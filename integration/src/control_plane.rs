@@ -417,9 +417,11 @@ fn record_bring_up(took: Duration) {
 /// The files are those docs/security.md shows, in `<dir>/admission/` for
 /// `/etc/kubernetes/admission/` and with the URL's `host:port` for the Service's name
 /// (`integration/tests/docs.rs` compares them).
-/// With `every_webhook`, the certificate goes to every webhook, Services' included (installed
-/// charts'), not only to the loopback URL.
-fn write_admission_config(dir: &Path, webhook_port: u16, every_webhook: bool) -> anyhow::Result<(ClientCa, PathBuf)> {
+/// With `service_webhooks`, the certificate also goes to every webhook behind a Service (an
+/// installed chart's, `<service>.<namespace>.svc`, which `*.svc` matches), not only to the
+/// loopback URL; never to the other URLs (Volcano's webhook refuses a client certificate it
+/// did not sign).
+fn write_admission_config(dir: &Path, webhook_port: u16, service_webhooks: bool) -> anyhow::Result<(ClientCa, PathBuf)> {
     let admission = dir.join("admission");
     let clients = ClientCa::new(&admission, "vgpu-dra-test-webhook-client-ca")?;
     let (cert, key) = clients.issue("webhook-client", WEBHOOK_CLIENT_NAME, "vgpu-dra-test")?;
@@ -432,8 +434,8 @@ fn write_admission_config(dir: &Path, webhook_port: u16, every_webhook: bool) ->
         ))
     };
     let mut users = user(&format!("127.0.0.1:{webhook_port}"))?;
-    if every_webhook {
-        users.push_str(&user("'*'")?);
+    if service_webhooks {
+        users.push_str(&user("'*.svc'")?);
     }
     std::fs::write(&kubeconfig, format!("apiVersion: v1\nkind: Config\nusers:\n{users}"))?;
     let plugin = |name: &str| -> anyhow::Result<String> {

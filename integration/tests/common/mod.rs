@@ -3,6 +3,8 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod chart;
+pub mod pod_report;
+pub mod quickstart;
 pub mod seed_000;
 pub mod webhook;
 
