@@ -76,7 +76,7 @@ if ! $narrowed && [[ -n $SECOND_K8S_VERSION && -z ${K8S_VERSION:-} ]]; then
 		done <<<"$second"
 		export K8S_VERSION="$SECOND_K8S_VERSION"
 		tests=()
-		for t in rounding kubelet_plugin kubelet_sim real_node helm_install preflight admin_access device_taints chart webhook webhook_fit webhook_examples kueue; do
+		for t in rounding dynamic_mig kubelet_plugin kubelet_sim real_node helm_install preflight admin_access device_taints chart webhook webhook_fit webhook_examples kueue; do
 			tests+=(--test "$t")
 		done
 		cargo test --locked ${cargo_args[@]+"${cargo_args[@]}"} -p vgpu-dra-integration "${tests[@]}" -- ${test_args[@]+"${test_args[@]}"}

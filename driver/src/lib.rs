@@ -13,6 +13,7 @@ pub mod discovery;
 pub mod fsutil;
 pub mod http;
 pub mod metrics;
+pub mod mig;
 pub mod monitor;
 pub mod plugin;
 pub mod preflight;

@@ -32,39 +32,46 @@ pub struct PoolIdentity {
 pub fn build_slices(pool: &PoolIdentity, devices: &[PublishedDevice]) -> Vec<resource::ResourceSlice> {
     let chunks: Vec<&[PublishedDevice]> =
         if devices.is_empty() { vec![&[]] } else { devices.chunks(MAX_DEVICES_PER_SLICE).collect() };
-    let count = i64::try_from(chunks.len()).unwrap_or(i64::MAX);
     chunks
         .iter()
         .enumerate()
-        .map(|(i, chunk)| resource::ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(slice_name(pool, i)),
-                labels: Some(BTreeMap::from([(LABEL_MANAGED_BY.to_owned(), "vgpu-dra".to_owned())])),
-                owner_references: pool.node_uid.as_ref().map(|uid| {
-                    vec![OwnerReference {
-                        api_version: "v1".into(),
-                        kind: "Node".into(),
-                        name: pool.node_name.clone(),
-                        uid: uid.clone(),
-                        controller: Some(true),
-                        ..Default::default()
-                    }]
-                }),
-                ..Default::default()
-            },
-            spec: resource::ResourceSliceSpec {
-                driver: pool.driver.to_string(),
-                node_name: Some(pool.node_name.clone()),
-                pool: resource::ResourcePool {
-                    name: pool.node_name.clone(),
-                    generation: pool.generation,
-                    resource_slice_count: count,
-                },
-                devices: Some(chunk.iter().map(|d| api_device(&pool.driver, d)).collect()),
-                ..Default::default()
-            },
+        .map(|(i, chunk)| {
+            let mut slice = slice_with(pool, i, chunks.len());
+            slice.spec.devices = Some(chunk.iter().map(|d| api_device(&pool.driver, d)).collect());
+            slice
         })
         .collect()
+}
+
+/// The `index`th of `count` slices of the pool, with nothing in it yet.
+pub(crate) fn slice_with(pool: &PoolIdentity, index: usize, count: usize) -> resource::ResourceSlice {
+    resource::ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(slice_name(pool, index)),
+            labels: Some(BTreeMap::from([(LABEL_MANAGED_BY.to_owned(), "vgpu-dra".to_owned())])),
+            owner_references: pool.node_uid.as_ref().map(|uid| {
+                vec![OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: pool.node_name.clone(),
+                    uid: uid.clone(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: resource::ResourceSliceSpec {
+            driver: pool.driver.to_string(),
+            node_name: Some(pool.node_name.clone()),
+            pool: resource::ResourcePool {
+                name: pool.node_name.clone(),
+                generation: pool.generation,
+                resource_slice_count: i64::try_from(count).unwrap_or(i64::MAX),
+            },
+            ..Default::default()
+        },
+    }
 }
 
 /// The name of the `index`th slice of the pool.
@@ -72,7 +79,8 @@ pub fn slice_name(pool: &PoolIdentity, index: usize) -> String {
     format!("{}-{}-{index}", pool.node_name, pool.driver)
 }
 
-fn api_device(driver: &DriverName, d: &PublishedDevice) -> resource::Device {
+/// One published device as the API has it.
+pub(crate) fn api_device(driver: &DriverName, d: &PublishedDevice) -> resource::Device {
     let taints = (d.health == Health::Unhealthy).then(|| {
         vec![resource::DeviceTaint {
             key: format!("{driver}/unhealthy"),

@@ -32,6 +32,7 @@ pub mod ledger;
 pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};
 pub mod compat;
 pub mod limits;
+pub mod mig;
 pub mod mock;
 pub mod quota;
 pub mod status_data;

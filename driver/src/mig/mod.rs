@@ -1,0 +1,13 @@
+//! Dynamic MIG instances: creating and destroying them on a card behind [`MigControl`], with a
+//! simulator ([`MigSim`]) for every test that has no MIG-capable GPU.
+//!
+//! Which profiles and placements exist, and the counters the scheduler keeps them apart with,
+//! are `vgpu_scheduling::mig`'s; this room only acts on a card. The trait is blocking (NVML is),
+//! so async callers run it on `spawn_blocking`.
+
+pub mod control;
+pub mod sim;
+pub mod slices;
+
+pub use control::{MigControl, MigError, MigInstance};
+pub use sim::MigSim;
