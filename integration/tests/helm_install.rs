@@ -224,26 +224,8 @@ fn is_ready(pod: &Value) -> bool {
 /// 003's pod as written for HAMi's device plugin: one card, 4096 MiB, 50 % of its cores; with the
 /// test image and [`POD_SCRIPT`], as `user` (root when `None`).
 fn hami_pod(name: &str, user: Option<u32>) -> String {
-    let script = serde_json::to_string(&POD_SCRIPT.replace("DYNAMIC_PROGRAM", DYNAMIC_PROGRAM)).unwrap();
     let security = user.map_or_else(String::new, |u| format!("  securityContext: {{runAsUser: {u}, runAsGroup: {u}}}\n"));
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  terminationGracePeriodSeconds: 1
-{security}  containers:
-  - name: main
-    image: {BUSYBOX_IMAGE}
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", {script}]
-    resources:
-      limits:
-        nvidia.com/gpu: 1
-        nvidia.com/gpumem: 4096
-        nvidia.com/gpucores: 50
-"#
-    )
+    common::pod_report::hami_pod_003(name, &security)
 }
 
 /// Creates [`hami_pod`] and checks what its container sees.

@@ -546,26 +546,7 @@ fn start_webhook(plane: &ControlPlane) -> anyhow::Result<ManagedProcess> {
 /// node, with the test image and [`POD_SCRIPT`]. Unlike the others it has a network namespace of
 /// its own and a service-account token, as most pods do.
 fn hami_pod(name: &str) -> String {
-    let script = serde_json::to_string(&POD_SCRIPT.replace("DYNAMIC_PROGRAM", DYNAMIC_PROGRAM)).unwrap();
-    format!(
-        r#"apiVersion: v1
-kind: Pod
-metadata: {{name: {name}, namespace: default}}
-spec:
-  nodeSelector: {{kubernetes.io/hostname: {NODE}}}
-  terminationGracePeriodSeconds: 1
-  containers:
-  - name: main
-    image: {BUSYBOX_IMAGE}
-    imagePullPolicy: Never
-    command: ["/bin/sh", "-c", {script}]
-    resources:
-      limits:
-        nvidia.com/gpu: 1
-        nvidia.com/gpumem: 4096
-        nvidia.com/gpucores: 50
-"#
-    )
+    common::pod_report::hami_pod_003(name, &format!("  nodeSelector: {{kubernetes.io/hostname: {NODE}}}\n"))
 }
 
 /// Creates [`hami_pod`], checks that the webhook turned its HAMi resources into a claim, and that

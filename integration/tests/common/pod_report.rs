@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, ensure};
-use vgpu_dra_integration::node::Node;
+use vgpu_dra_integration::node::{BUSYBOX_IMAGE, DYNAMIC_PROGRAM, Node};
 use vgpu_dra_integration::{Kubectl, eventually};
 
 /// What the pod's container prints: its uid, its environment as the dynamically linked program
@@ -24,6 +24,31 @@ if [ -s /var/run/secrets/kubernetes.io/serviceaccount/token ]; then echo "token=
 echo "done"
 exec sleep 3600
 "#;
+
+/// Source document 003's pod as written for HAMi's device plugin (one card, 4096 MiB, 50 % of
+/// its cores), with the test image and [`POD_SCRIPT`]; `spec_extra` is put at the top of its
+/// spec, as YAML lines indented by two (a node selector, a security context).
+pub fn hami_pod_003(name: &str, spec_extra: &str) -> String {
+    let script = serde_json::to_string(&POD_SCRIPT.replace("DYNAMIC_PROGRAM", DYNAMIC_PROGRAM)).unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+{spec_extra}  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: {BUSYBOX_IMAGE}
+    imagePullPolicy: Never
+    command: ["/bin/sh", "-c", {script}]
+    resources:
+      limits:
+        nvidia.com/gpu: 1
+        nvidia.com/gpumem: 4096
+        nvidia.com/gpucores: 50
+"#
+    )
+}
 
 /// What a pod's container printed.
 pub struct Seen {
