@@ -79,7 +79,9 @@ if ! $narrowed && [[ -n $SECOND_K8S_VERSION && -z ${K8S_VERSION:-} ]]; then
 		for t in rounding dynamic_mig kubelet_plugin kubelet_sim real_node helm_install preflight admin_access device_taints chart webhook webhook_fit webhook_examples kueue; do
 			tests+=(--test "$t")
 		done
-		cargo test --locked ${cargo_args[@]+"${cargo_args[@]}"} -p vgpu-dra-integration "${tests[@]}" -- ${test_args[@]+"${test_args[@]}"}
+		# --workspace, not -p: the same feature resolution as the first pass, so its build is
+		# reused rather than a second copy of every dependency written to disk.
+		cargo test --workspace --locked ${cargo_args[@]+"${cargo_args[@]}"} "${tests[@]}" -- ${test_args[@]+"${test_args[@]}"}
 	) || second_status=$?
 	echo "tests on Kubernetes $SECOND_K8S_VERSION: $((SECONDS - start)) s (status $second_status)"
 	if [[ $status -eq 0 ]]; then status=$second_status; fi

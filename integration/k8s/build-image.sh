@@ -14,7 +14,7 @@
 #       chart's default hamiCore.installFrom. BUSYBOX is a root file system (a directory) or a
 #       one-layer OCI archive such as build-node.sh's vgpu-dra.test/busybox:1.
 #
-# The binary's debug information is stripped (a debug build is ~330 MB, ~80 MB without); its
+# The binary's debug information is stripped (a test build's line tables take ~25 MB); its
 # symbols stay, so that a panic's backtrace names functions. The C libraries are the build
 # machine's, at the paths `ldd` prints: the image runs on a machine with the same C library (a
 # test node), not necessarily elsewhere. Archives are reproducible for the same inputs.

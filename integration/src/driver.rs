@@ -14,10 +14,9 @@ use crate::{ControlPlane, ManagedProcess};
 /// # Errors
 /// When the build fails.
 pub fn driver_binary() -> anyhow::Result<&'static Path> {
-    static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    BIN.get_or_init(|| build("vgpu-dra", "vgpu-dra").map(|dir| dir.join("vgpu-dra")).map_err(|e| format!("{e:#}")))
-        .as_deref()
-        .map_err(|e| anyhow::anyhow!("building vgpu-dra: {e}"))
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    let dir = bin_dir()?;
+    Ok(BIN.get_or_init(|| dir.join("vgpu-dra")))
 }
 
 /// The directory holding `kubectl-vgpu` (and `vgpu-dra`), built once per test process: on
@@ -26,23 +25,29 @@ pub fn driver_binary() -> anyhow::Result<&'static Path> {
 /// # Errors
 /// When the plugin cannot be built.
 pub fn plugin_dir() -> anyhow::Result<&'static Path> {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| build("vgpu-dra-cli", "kubectl-vgpu").map_err(|e| format!("{e:#}")))
-        .as_deref()
-        .map_err(|e| anyhow::anyhow!("building kubectl-vgpu: {e}"))
+    bin_dir()
 }
 
-/// Builds binary `bin` of `package` (debug) and returns the directory cargo puts it in.
-fn build(package: &str, bin: &str) -> anyhow::Result<PathBuf> {
+/// Builds every binary of the workspace (debug) once per test process and returns the directory
+/// cargo puts them in. One `--workspace` build for all of them: a `-p` build per package would
+/// resolve features per package and write another copy of the shared dependencies for each.
+fn bin_dir() -> anyhow::Result<&'static Path> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| build_bins().map_err(|e| format!("{e:#}")))
+        .as_deref()
+        .map_err(|e| anyhow::anyhow!("building the workspace's binaries: {e}"))
+}
+
+fn build_bins() -> anyhow::Result<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(&root)
-        .args(["build", "-q", "-p", package, "--bin", bin])
+        .args(["build", "-q", "--workspace", "--bins"])
         .status()
         .context("running cargo")?;
     if !status.success() {
-        bail!("cargo build -p {package} failed");
+        bail!("cargo build --workspace --bins failed");
     }
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
     Ok(target.join("debug"))

@@ -154,6 +154,34 @@ pub fn layer_paths(archive: &Path) -> anyhow::Result<Vec<String>> {
     Ok(paths)
 }
 
+/// The bytes of file `path` (absolute, as [`layer_paths`] gives it) in OCI archive `archive`'s
+/// first image, from the last layer that holds it.
+///
+/// # Errors
+/// When the archive cannot be read or no layer holds the file.
+pub fn layer_file(archive: &Path, path: &str) -> anyhow::Result<Vec<u8>> {
+    let manifest = manifest(archive)?;
+    let layers = manifest["layers"].as_array().context("the manifest names no layers")?;
+    let member = format!(".{path}");
+    for layer in layers.iter().rev() {
+        let digest = layer["digest"].as_str().context("a layer without a digest")?;
+        let mut extract = Command::new("tar")
+            .arg("-xOf")
+            .arg(archive)
+            .arg(blob_path(digest)?)
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("running tar")?;
+        let stdout = extract.stdout.take().context("tar's output")?;
+        let file = Command::new("tar").arg("-xO").arg(&member).stdin(stdout).output().context("running tar -xO")?;
+        extract.wait()?;
+        if file.status.success() {
+            return Ok(file.stdout);
+        }
+    }
+    bail!("no layer of {} holds {path}", archive.display())
+}
+
 fn manifest(archive: &Path) -> anyhow::Result<Value> {
     let index: Value = serde_json::from_slice(&archive_member(archive, "index.json")?).context("parsing index.json")?;
     let digest = index["manifests"][0]["digest"].as_str().context("index.json names no manifest")?;
