@@ -6,13 +6,14 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use vgpu_scheduling::{SharingConfig, publish};
+use vgpu_scheduling::SharingConfig;
 
 use crate::config::{self, ConfigFlags};
 use crate::discovery::mock::{MockSource, parse_spec};
 use crate::discovery::nvml::NvmlSource;
 use crate::discovery::{DeviceSource, MockFileSource};
-use crate::slices::{PoolIdentity, build_slices};
+use crate::mig::{DynamicMig, MigSettings, PoolLayout};
+use crate::slices::PoolIdentity;
 
 /// vgpu-dra: share NVIDIA GPUs between pods through Kubernetes DRA, with HAMi-core limits.
 #[derive(Debug, Parser)]
@@ -109,6 +110,11 @@ pub struct ConfigArgs {
     /// Leave out the card with this NVML index (repeatable).
     #[arg(long = "filter-index", env = "VGPU_DRA_FILTER_INDICES", value_delimiter = ',')]
     pub filter_indices: Vec<u32>,
+    /// Which cards in MIG mode offer dynamic MIG (a device per profile placement, the
+    /// instance made at prepare): `listed` = models the config's knownMigGeometries or
+    /// migProfileAllowlist name. Preview: instances are not created yet (issue #36).
+    #[arg(long, env = "VGPU_DRA_DYNAMIC_MIG", value_enum, default_value = "off")]
+    pub dynamic_mig: DynamicMig,
 }
 
 impl ConfigArgs {
@@ -127,6 +133,11 @@ impl ConfigArgs {
     /// [`UsageError`] naming the key.
     pub fn resolve_all(&self, node: &str) -> Result<config::Resolved, UsageError> {
         config::resolve_all(self.config.as_deref(), &self.flags(), node).map_err(|e| UsageError(e.to_string()))
+    }
+
+    /// What decides dynamic MIG, from `--dynamic-mig` and the file `resolved` read.
+    pub fn mig(&self, resolved: &config::Resolved) -> MigSettings {
+        MigSettings { mode: self.dynamic_mig, config: resolved.file.mig.clone() }
     }
 
     fn flags(&self) -> ConfigFlags {
@@ -298,11 +309,17 @@ struct List<T> {
 /// # Errors
 /// [`UsageError`] for bad arguments; other errors for failed output.
 pub fn inventory(args: &InventoryArgs, out: &mut dyn Write) -> anyhow::Result<()> {
-    let config = args.config.resolve(&args.node_name)?;
+    let resolved = args.config.resolve_all(&args.node_name)?;
+    resolved.log_ignored();
+    let config = &resolved.sharing;
     let inventory = args.source.source(&args.node_name)?.inventory()?;
     let pool =
         PoolIdentity { driver: config.driver_name.clone(), node_name: args.node_name.clone(), node_uid: None, generation: 1 };
-    let slices = build_slices(&pool, &publish(&inventory, &config));
+    let layout = PoolLayout::new(&inventory, config, &args.config.mig(&resolved));
+    for refusal in &layout.refusals {
+        eprintln!("vgpu-dra: warning: {refusal}; its instances are published as they are");
+    }
+    let slices = layout.slices(&pool);
     let items: Vec<serde_json::Value> = slices
         .iter()
         .map(|s| {

@@ -19,6 +19,7 @@ use crate::config::Resolved;
 use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource, SnapshotSource};
 use crate::http::{Probes, Scrape};
 use crate::metrics::{Metrics, WatchRestarts};
+use crate::mig::{DynamicMig, MigSettings, PoolLayout};
 use crate::monitor::feedback::SwitchMode;
 use crate::monitor::metrics::MonitorMetrics;
 use crate::monitor::{Monitor, MonitorOptions};
@@ -34,7 +35,7 @@ use crate::plugin::report::DeviceReport;
 use crate::plugin::state::{State, StateOptions, Storage};
 use crate::plugin::storage::checkpoint::Checkpoint;
 use crate::publisher::{PublishMetrics, Publisher, PublisherOptions};
-use crate::slices::{PoolIdentity, build_slices};
+use crate::slices::PoolIdentity;
 
 /// How long shutdown may take before the process gives up waiting.
 const DRAIN_GRACE: Duration = Duration::from_secs(10);
@@ -167,17 +168,8 @@ impl App {
         let specs = SpecDir::new(&args.cdi_dir, cdi.kind.clone());
         let claims_root = cdi.claims_root.clone();
         snapshots.first(FIRST_INVENTORY).await.with_context(|| format!("no GPU inventory within {FIRST_INVENTORY:?}"))?;
-        let first_slice = snapshots.inventory().ok().and_then(|inventory| {
-            resolved.log_mig(&inventory);
-            let pool =
-                PoolIdentity { driver: config.driver_name.clone(), node_name: node.clone(), node_uid: None, generation: 1 };
-            build_slices(&pool, &vgpu_scheduling::publish(&inventory, &config)).into_iter().find(|s| s.spec.devices.is_some())
-        });
-        match crate::preflight::check(&client, first_slice.as_ref()).await {
-            Err(e) if e.is_definite() => return Err(e.into()),
-            Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not check the API server at start; going on"),
-            Ok(()) => {}
-        }
+        let mig = args.config.mig(resolved);
+        check_api_server(&client, resolved, &snapshots, &node, &mig).await?;
         // This node's claims only: read ahead for the pods bound here, else one by one when the
         // kubelet names them; never a watch of the cluster's claims (see `plugin::api`).
         let driver = config.driver_name.to_string();
@@ -208,6 +200,7 @@ impl App {
         });
         let publisher =
             Publisher::new(client.clone(), node.clone(), snapshots.clone(), config.clone(), PublisherOptions::default())
+                .with_mig(mig)
                 .with_metrics(telemetry.publish.clone());
         Ok(Self {
             paths,
@@ -283,6 +276,34 @@ impl App {
             let _ = tokio::join!(plugin, publisher, http, health_feed, maintenance, optional);
         })
     }
+}
+
+/// Checks once at start that the API server serves what the node's first slice needs (it stops
+/// the driver only when the server says it lacks something), and warns when dynamic MIG is on
+/// and the scheduler may be too old for its counters.
+async fn check_api_server(
+    client: &kube::Client,
+    resolved: &Resolved,
+    snapshots: &SnapshotSource,
+    node: &str,
+    mig: &MigSettings,
+) -> anyhow::Result<()> {
+    let config = &resolved.sharing;
+    let first_slice = snapshots.inventory().ok().and_then(|inventory| {
+        resolved.log_mig(&inventory);
+        let pool = PoolIdentity { driver: config.driver_name.clone(), node_name: node.to_owned(), node_uid: None, generation: 1 };
+        let slices = PoolLayout::new(&inventory, config, mig).slices(&pool);
+        slices.into_iter().find(|s| s.spec.devices.is_some())
+    });
+    match crate::preflight::check(client, first_slice.as_ref()).await {
+        Err(e) if e.is_definite() => return Err(e.into()),
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not check the API server at start; going on"),
+        Ok(()) => {}
+    }
+    if mig.mode != DynamicMig::Off {
+        crate::preflight::warn_if_counters_unsafe(client).await;
+    }
+    Ok(())
 }
 
 /// Runs `part`; when it fails, logs why and cancels every other part: the daemon is of no use

@@ -123,6 +123,44 @@ fn dropped_sharing(sent: &ResourceSlice, stored: &ResourceSlice) -> bool {
     })
 }
 
+/// The first release whose scheduler charges the counters of a device that allows multiple
+/// allocations across scheduling cycles (1.36.0 and 1.36.1 miss them, so a MIG placement and
+/// the whole card's shares could both be allocated).
+const COUNTERS_SAFE_FROM: (u64, u64, u64) = (1, 36, 2);
+
+/// Whether a scheduler of `git_version` (`v1.36.3`, `v1.37.0-rc.1+abc`) keeps shared devices'
+/// counters; `None` when the version does not parse.
+pub fn counters_safe(git_version: &str) -> Option<bool> {
+    let core = git_version.trim().trim_start_matches('v');
+    let core = core.split(['-', '+']).next()?;
+    let mut parts = core.split('.').map(|p| p.parse::<u64>().ok());
+    let version = (parts.next()??, parts.next()??, parts.next()??);
+    Some(version >= COUNTERS_SAFE_FROM)
+}
+
+/// Warns when the API server (as a stand-in for the scheduler, whose version a node cannot
+/// read) is older than the first release that keeps dynamic MIG's counters; never stops.
+pub async fn warn_if_counters_unsafe(client: &kube::Client) {
+    match tokio::time::timeout(TIMEOUT, client.apiserver_version()).await {
+        Ok(Ok(info)) => match counters_safe(&info.git_version) {
+            Some(true) => {}
+            Some(false) => tracing::warn!(
+                version = %info.git_version,
+                "dynamic MIG needs kube-scheduler 1.36.2 or later: older schedulers lose the counters of shared devices across scheduling cycles, so a card's shares and its MIG instances could both be allocated"
+            ),
+            None => {
+                tracing::warn!(version = %info.git_version, "could not read the API server's version; dynamic MIG needs kube-scheduler 1.36.2 or later")
+            }
+        },
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not read the API server's version; dynamic MIG needs kube-scheduler 1.36.2 or later")
+        }
+        Err(_) => tracing::warn!(
+            "the API server's version did not come within {TIMEOUT:?}; dynamic MIG needs kube-scheduler 1.36.2 or later"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
@@ -206,6 +244,26 @@ mod tests {
         assert!(e.to_string().contains("only resource.k8s.io/v1beta1") && e.to_string().contains("1.34"), "{e}");
         // A node without cards has nothing to probe with: the group alone is checked.
         check(&server(true, false, Arc::default()), None).await.unwrap();
+    }
+
+    #[test]
+    fn counters_are_safe_from_1_36_2() {
+        for (version, safe) in [
+            ("v1.36.2", Some(true)),
+            ("v1.36.3", Some(true)),
+            ("v1.37.0-rc.1+abc", Some(true)),
+            ("v1.38.0-beta.0", Some(true)),
+            ("v2.0.0", Some(true)),
+            ("v1.36.1", Some(false)),
+            ("v1.36.0", Some(false)),
+            ("v1.35.9", Some(false)),
+            ("1.36.1-gke.100", Some(false)),
+            ("v1.36", None),
+            ("", None),
+            ("vX.Y.Z", None),
+        ] {
+            assert_eq!(counters_safe(version), safe, "{version}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

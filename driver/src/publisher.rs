@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use vgpu_scheduling::{Inventory, PublishedDevice, SharingConfig, publish};
+use vgpu_scheduling::{Inventory, SharingConfig};
 
 use crate::discovery::{DeviceSource, DiscoveryError, SnapshotSource};
 use prometheus_client::metrics::counter::Counter;
@@ -28,7 +28,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 use crate::metrics::{Labels, WatchRestarts, labels};
-use crate::slices::{LABEL_MANAGED_BY, PoolIdentity, build_slices};
+use crate::mig::offer::Refusal;
+use crate::mig::{MigSettings, PoolLayout};
+use crate::slices::{LABEL_MANAGED_BY, PoolIdentity};
 
 /// Field manager of our server-side applies.
 pub const FIELD_MANAGER: &str = "vgpu-dra";
@@ -160,10 +162,11 @@ pub struct Publisher {
     nodes: Api<Node>,
     snapshots: SnapshotSource,
     config: SharingConfig,
+    mig: MigSettings,
     node_name: String,
     options: PublisherOptions,
     generation: i64,
-    published: Option<Vec<PublishedDevice>>,
+    published: Option<PoolLayout>,
     ready: Arc<AtomicBool>,
     metrics: Option<PublishMetrics>,
 }
@@ -182,6 +185,7 @@ impl Publisher {
             nodes: Api::all(client),
             snapshots,
             config,
+            mig: MigSettings::default(),
             node_name,
             options,
             generation: 0,
@@ -189,6 +193,13 @@ impl Publisher {
             ready: Arc::default(),
             metrics: None,
         }
+    }
+
+    /// Offers dynamic MIG on the cards `mig` names.
+    #[must_use]
+    pub fn with_mig(mut self, mig: MigSettings) -> Self {
+        self.mig = mig;
+        self
     }
 
     /// Counts slice writes and watch restarts in `metrics`.
@@ -282,10 +293,29 @@ impl Publisher {
         watch.abort();
     }
 
+    fn layout(&self, inventory: &Inventory) -> PoolLayout {
+        PoolLayout::new(inventory, &self.config, &self.mig)
+    }
+
     fn devices_changed(&self, inventory: Option<&Inventory>) -> bool {
         match inventory {
-            Some(inventory) => self.published.as_ref() != Some(&publish(inventory, &self.config)),
+            Some(inventory) => self.published.as_ref() != Some(&self.layout(inventory)),
             None => self.published.is_some(),
+        }
+    }
+
+    /// Logs the cards in MIG mode that offer no dynamic MIG, when that changes.
+    fn log_refusals(&self, layout: &PoolLayout) {
+        let before: &[Refusal] = self.published.as_ref().map_or(&[], |p| &p.refusals);
+        if layout.refusals == before {
+            return;
+        }
+        for r in &layout.refusals {
+            r.log(&self.node_name);
+        }
+        if !layout.offers.is_empty() && self.published.as_ref().is_none_or(|p| p.offers.len() != layout.offers.len()) {
+            let cards: Vec<&str> = layout.offers.iter().map(|(_, o)| o.uuid.as_str()).collect();
+            tracing::info!(node = %self.node_name, cards = %cards.join(", "), "cards offering dynamic MIG");
         }
     }
 
@@ -294,7 +324,7 @@ impl Publisher {
     /// # Errors
     /// [`PublishError`] naming the step; the next pass starts over.
     pub async fn reconcile(&mut self) -> Result<ReconcileOutcome, PublishError> {
-        let devices = publish(&self.snapshots.inventory()?, &self.config);
+        let layout = self.layout(&self.snapshots.inventory()?);
         let limit = self.options.api_timeout;
         let node = within(limit, self.nodes.get(&self.node_name))
             .await
@@ -310,22 +340,26 @@ impl Publisher {
             node_uid: node.metadata.uid.clone(),
             generation: self.generation.max(server_generation).max(1),
         };
-        let mut desired = build_slices(&pool, &devices);
+        let mut desired = layout.slices(&pool);
         // The generation tells the scheduler the device set changed. Compare with what we last
         // published; only a fresh start compares with the server (restoring someone's edit or a
         // wiped pool is not a change of the set).
         let changed = match &self.published {
-            Some(previous) => *previous != devices,
+            Some(previous) => *previous != layout,
             None => {
                 existing.len() != desired.len()
-                    || !desired
-                        .iter()
-                        .all(|d| existing.iter().any(|e| e.metadata.name == d.metadata.name && e.spec.devices == d.spec.devices))
+                    || !desired.iter().all(|d| {
+                        existing.iter().any(|e| {
+                            e.metadata.name == d.metadata.name
+                                && e.spec.devices == d.spec.devices
+                                && e.spec.shared_counters == d.spec.shared_counters
+                        })
+                    })
             }
         };
         if changed && (self.published.is_some() || !existing.is_empty()) {
             pool.generation += 1;
-            desired = build_slices(&pool, &devices);
+            desired = layout.slices(&pool);
         }
         let mut outcome = ReconcileOutcome { generation: pool.generation, ..Default::default() };
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -351,7 +385,8 @@ impl Publisher {
             }
         }
         self.generation = pool.generation;
-        self.published = Some(devices);
+        self.log_refusals(&layout);
+        self.published = Some(layout);
         Ok(outcome)
     }
 }

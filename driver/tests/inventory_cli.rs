@@ -35,6 +35,34 @@ fn prints_one_slice_for_a_t4_as_a_v1_list() {
 }
 
 #[test]
+fn dynamic_mig_prints_counter_sets_first_and_warns_for_a_card_it_cannot_offer() {
+    let spec = "NVIDIA A800-SXM4-80GB:80Gi:mig,NVIDIA A30:24Gi:mig,Tesla T4:15Gi";
+    let (code, stdout, stderr) =
+        run(&["inventory", "--node-name", "n1", "--mock-gpus", spec, "--dynamic-mig", "all", "-o", "json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    assert_eq!(items[0]["spec"]["sharedCounters"][0]["name"], "gpu-0-counters");
+    let devices = items[1]["spec"]["devices"].as_array().unwrap();
+    let names: Vec<&str> = devices.iter().map(|d| d["name"].as_str().unwrap()).collect();
+    // The A800's whole card (its full instance), the T4, then the A800's 25 placements; the A30
+    // (not in the catalogue) has no instance, so it publishes nothing.
+    assert_eq!(names[..2], ["hami-gpu-0", "hami-gpu-2"]);
+    assert_eq!(names.len(), 2 + 25);
+    assert_eq!(devices[0]["capacity"]["memory"]["value"], "79Gi");
+    assert!(stderr.contains("NVIDIA A30") && stderr.contains("does not know this model"), "{stderr}");
+
+    let (code, stdout, _) = run(&["inventory", "--node-name", "n1", "--mock-gpus", spec, "-o", "json"]);
+    assert_eq!(code, 0);
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "off by default: no counter set");
+    let (code, _, stderr) = run(&["inventory", "--node-name", "n1", "--mock-gpus", spec, "--dynamic-mig", "some"]);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--dynamic-mig"), "{stderr}");
+}
+
+#[test]
 fn yaml_output_is_the_same_list() {
     let (code, yaml, _) = run(&["inventory", "--node-name", "n1", "--mock-gpus", "2xNVIDIA H200:141Gi,RTX 3060:12Gi"]);
     assert_eq!(code, 0);

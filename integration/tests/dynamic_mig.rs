@@ -1,7 +1,10 @@
-//! Dynamic MIG's slices (`vgpu_dra::mig::slices`, issue #36's publishing) on the real
-//! kube-scheduler: the counters alone keep MIG placements from overlapping and keep a card's
-//! software shares and its MIG instances apart. Two mock A800-SXM4-80GB cards offer source
-//! document 001's groups (1g.10gb, 2g.20gb, 3g.40gb, 7g.79gb):
+//! Dynamic MIG (issue #36's publishing) through the driver, on the real kube-scheduler: the
+//! daemon runs with two mock A800-SXM4-80GB cards in MIG mode, `--dynamic-mig listed` and source
+//! document 001's groups (1g.10gb, 2g.20gb, 3g.40gb, 7g.79gb), and publishes the layout of
+//! `vgpu_dra::mig::PoolLayout`: counter sets in a slice of their own, a device per allowed
+//! placement, and each card's whole-card device (the full instance, as shares). The counters
+//! alone keep MIG placements from overlapping and keep a card's shares and its MIG instances
+//! apart:
 //!
 //! - seven 1g.10gb claims fill card 0 and an eighth waits; a software share of card 0 waits too;
 //! - two software shares of card 1 fit (the whole card's counters are charged once) and keep a
@@ -9,8 +12,7 @@
 //! - a `firstAvailable` list made from the catalogue (`vgpu_scheduling::mig::covering`, smallest
 //!   first) gives 9000 MiB a 1g.10gb and 15000 MiB a 2g.20gb.
 //!
-//! The test publishes the slices the driver's layout builds; the daemon does not publish them
-//! yet, and prepare does not create instances yet (see issue #36).
+//! Prepare does not create instances yet (see issue #36): no kubelet runs these pods.
 
 #![allow(clippy::unwrap_used)]
 
@@ -19,11 +21,11 @@ use std::time::Duration;
 use serde_json::Value;
 use vgpu_dra::discovery::DeviceSource;
 use vgpu_dra::discovery::mock::{MockSource, parse_spec};
-use vgpu_dra::mig::slices::{MigCard, build_slices_with_mig};
+use vgpu_dra::mig::{DynamicMig, MigSettings, PoolLayout};
 use vgpu_dra::slices::PoolIdentity;
-use vgpu_dra_integration::{ControlPlane, Kubectl, eventually};
+use vgpu_dra_integration::{ControlPlane, Kubectl, eventually, start_driver};
 use vgpu_scheduling::mig::{allowed_profiles, covering, model_for};
-use vgpu_scheduling::{DeviceConfig, SharingConfig, publish};
+use vgpu_scheduling::{DeviceConfig, SharingConfig};
 
 const NODE: &str = "node-mig";
 const DRIVER: &str = "hami-core-gpu.project-hami.io";
@@ -51,23 +53,54 @@ fn the_scheduler_keeps_mig_placements_and_software_shares_apart() {
 }
 
 fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
-    let node_uid = plane.create_node(NODE)?;
+    plane.create_node(NODE)?;
     let kubectl = plane.kubectl().clone();
-    let config = SharingConfig::default();
-    let inventory = MockSource::new(NODE, parse_spec(&format!("2x{PRODUCT}:80Gi"))?).inventory()?;
-    let devices = publish(&inventory, &config);
-    let model = model_for(PRODUCT, 80 << 30).expect("the catalogue knows the A800");
+    let spec = format!("2x{PRODUCT}:80Gi:mig");
+    let config_file = plane.dir().join("device-config.yaml");
+    std::fs::write(&config_file, GROUPS_001)?;
+    let args = [format!("--mock-gpus={spec}"), "--dynamic-mig=listed".into(), format!("--config={}", config_file.display())];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut driver = start_driver(plane, "driver", NODE, &args)?;
+
+    // What the driver publishes is the layout, counter sets included.
     let groups = DeviceConfig::parse("device-config.yaml", GROUPS_001)?;
-    let allowed = allowed_profiles(model, PRODUCT, &groups.mig)?;
-    let mig: Vec<MigCard<'_>> = devices.iter().map(|card| MigCard { card, model, allowed: allowed.clone() }).collect();
+    let inventory = MockSource::new(NODE, parse_spec(&spec)?).inventory()?;
+    let mig = MigSettings { mode: DynamicMig::Listed, config: groups.mig.clone() };
     let pool =
-        PoolIdentity { driver: config.driver_name.clone(), node_name: NODE.into(), node_uid: Some(node_uid), generation: 1 };
-    for slice in build_slices_with_mig(&pool, &devices, &mig) {
-        let mut v = serde_json::to_value(&slice)?;
-        v["apiVersion"] = "resource.k8s.io/v1".into();
-        v["kind"] = "ResourceSlice".into();
-        kubectl.apply(&v.to_string())?;
-    }
+        PoolIdentity { driver: SharingConfig::default().driver_name, node_name: NODE.into(), node_uid: None, generation: 1 };
+    let want: Vec<Value> = PoolLayout::new(&inventory, &SharingConfig::default(), &mig)
+        .slices(&pool)
+        .iter()
+        .map(|s| Ok(without_pool(serde_json::to_value(&s.spec)?)))
+        .collect::<anyhow::Result<_>>()?;
+    anyhow::ensure!(want.len() == 2 && want[0]["sharedCounters"].as_array().map(Vec::len) == Some(2), "layout: {want:?}");
+    eventually("the driver's slices", Duration::from_secs(60), || {
+        let list = kubectl.get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={NODE}")])?;
+        let mut got: Vec<(String, Value)> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| (s["metadata"]["name"].as_str().unwrap_or_default().to_owned(), without_pool(s["spec"].clone())))
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        let got: Vec<Value> = got.into_iter().map(|(_, spec)| spec).collect();
+        Ok((got == want).then_some(()))
+    })?;
+    // A restart finds the counter sets and devices in place: nothing written, same generation.
+    let generation = |k: &Kubectl| -> anyhow::Result<Vec<Value>> {
+        let list = k.get_json(&["resourceslices", &format!("--field-selector=spec.nodeName={NODE}")])?;
+        Ok(list["items"].as_array().into_iter().flatten().map(|s| s["spec"]["pool"]["generation"].clone()).collect())
+    };
+    let before = generation(&kubectl)?;
+    driver.stop();
+    let restarted = start_driver(plane, "driver-restarted", NODE, &args)?;
+    eventually("the restarted driver's first pass", Duration::from_secs(30), || {
+        Ok(std::fs::read_to_string(restarted.log())?.contains("ResourceSlices already up to date").then_some(()))
+    })?;
+    anyhow::ensure!(generation(&kubectl)? == before, "a restart changed the pool generation: {before:?}");
+    let model = model_for(PRODUCT, 80 << 30).expect("the catalogue knows the A800");
+    let allowed = allowed_profiles(model, PRODUCT, &groups.mig)?;
+
     kubectl.apply(&format!(
         "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {{name: vgpu}}\nspec:\n  selectors:\n  - cel: {{expression: 'device.driver == \"{DRIVER}\"'}}\n"
     ))?;
@@ -165,4 +198,12 @@ fn wait_unschedulable(kubectl: &Kubectl, name: &str) -> anyhow::Result<()> {
     let claim = kubectl.get_json(&["resourceclaim", name, "-n", "default"])?;
     anyhow::ensure!(claim["status"]["allocation"].is_null(), "{name}'s claim was allocated: {}", claim["status"]);
     Ok(())
+}
+
+/// A slice's spec without its pool generation, which the driver bumps as it sees fit.
+fn without_pool(mut spec: Value) -> Value {
+    if let Some(pool) = spec.get_mut("pool").and_then(Value::as_object_mut) {
+        pool.remove("generation");
+    }
+    spec
 }

@@ -94,6 +94,7 @@ fn cards_in_mig_mode_publish_their_instances_instead() {
             compute_instance: 0,
             memory_bytes: 16_384 << 20,
             multiprocessors: 16,
+            placement: None,
         },
         MigDevice {
             uuid: "MIG-b".into(),
@@ -102,6 +103,7 @@ fn cards_in_mig_mode_publish_their_instances_instead() {
             compute_instance: 0,
             memory_bytes: 69_888 << 20,
             multiprocessors: 60,
+            placement: None,
         },
     ]);
     let devices = publish(&inventory(vec![card]), &SharingConfig::default());

@@ -26,7 +26,7 @@ pub use device::{Attribute, PublishedDevice, publish};
 pub use device_config::{
     ConfigForm, DeviceConfig, DeviceConfigError, HamiRequestSettings, IgnoredKey, MigGeometry, MigGeometryGroup, MigModels,
 };
-pub use model::{Gpu, Health, Inventory, MigDevice};
+pub use model::{Gpu, Health, Inventory, MigDevice, MigPlacement};
 pub mod ledger;
 
 pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};

@@ -26,9 +26,12 @@ pub struct MockCards {
     pub product: String,
     /// Memory per card in bytes.
     pub memory_bytes: u64,
+    /// Whether the cards are in MIG mode (with no instances yet): the `:mig` suffix.
+    pub mig_mode: bool,
 }
 
-/// Parses `[COUNTx]PRODUCT:MEMORY[,...]`, for example `8xNVIDIA H200:141Gi,RTX 3060:12Gi`.
+/// Parses `[COUNTx]PRODUCT:MEMORY[:mig][,...]`, for example `8xNVIDIA H200:141Gi,RTX 3060:12Gi`
+/// or `NVIDIA A800-SXM4-80GB:80Gi:mig` for a card in MIG mode.
 ///
 /// # Errors
 /// [`MockSpecError`] naming the first bad item.
@@ -40,9 +43,13 @@ fn parse_item(raw: &str) -> Result<MockCards, MockSpecError> {
     let item = raw.trim();
     let err = |reason: &str| MockSpecError { item: item.to_owned(), reason: reason.to_owned() };
     if item.is_empty() {
-        return Err(err("empty item; expected [COUNTx]PRODUCT:MEMORY"));
+        return Err(err("empty item; expected [COUNTx]PRODUCT:MEMORY[:mig]"));
     }
-    let (head, memory) = item.rsplit_once(':').ok_or_else(|| err("missing ':MEMORY', as in 'Tesla T4:15Gi'"))?;
+    let (item_rest, mig_mode) = match item.rsplit_once(':') {
+        Some((rest, flag)) if flag.trim().eq_ignore_ascii_case("mig") => (rest, true),
+        _ => (item, false),
+    };
+    let (head, memory) = item_rest.rsplit_once(':').ok_or_else(|| err("missing ':MEMORY', as in 'Tesla T4:15Gi'"))?;
     let digits = head.bytes().take_while(u8::is_ascii_digit).count();
     let (count, product) = match head[digits..].strip_prefix('x') {
         Some(product) if digits > 0 => {
@@ -64,7 +71,7 @@ fn parse_item(raw: &str) -> Result<MockCards, MockSpecError> {
         .as_u64_exact()
         .filter(|b| *b >= 1 << 20)
         .ok_or_else(|| err(&format!("memory {memory} must be a whole number of bytes, at least 1Mi")))?;
-    Ok(MockCards { count, product: product.to_owned(), memory_bytes })
+    Ok(MockCards { count, product: product.to_owned(), memory_bytes, mig_mode })
 }
 
 /// The inventory of `node` holding `cards`, in order: minors and indexes count from 0.
@@ -93,7 +100,7 @@ fn mock_gpu(node: &str, index: u32, cards: &MockCards) -> Gpu {
         pci_bus_id: format!("0000:{:02x}:00.0", index + 1),
         pcie_root: Some("pci0000:00".into()),
         multiprocessors: 0,
-        mig: None,
+        mig: cards.mig_mode.then(Vec::new),
         health: Health::Healthy,
     }
 }
@@ -135,10 +142,26 @@ mod tests {
     #[test]
     fn parses_counts_products_with_spaces_and_quantities() {
         let cards = parse_spec("8xNVIDIA H200:141Gi,RTX 3060:12Gi").unwrap();
-        assert_eq!(cards[0], MockCards { count: 8, product: "NVIDIA H200".into(), memory_bytes: 141 << 30 });
-        assert_eq!(cards[1], MockCards { count: 1, product: "RTX 3060".into(), memory_bytes: 12 << 30 });
+        assert_eq!(cards[0], MockCards { count: 8, product: "NVIDIA H200".into(), memory_bytes: 141 << 30, mig_mode: false });
+        assert_eq!(cards[1], MockCards { count: 1, product: "RTX 3060".into(), memory_bytes: 12 << 30, mig_mode: false });
         assert_eq!(parse_spec("1xTesla T4:15Gi").unwrap()[0].memory_bytes, 15 << 30);
         assert_eq!(parse_spec("A100:40000Mi").unwrap()[0].memory_bytes, 40_000 << 20);
+    }
+
+    #[test]
+    fn a_mig_suffix_puts_the_cards_in_mig_mode_without_instances() {
+        let cards = parse_spec("2xNVIDIA A800-SXM4-80GB:80Gi:mig,Tesla T4:15Gi:MIG,A30:24Gi").unwrap();
+        assert_eq!(
+            cards[0],
+            MockCards { count: 2, product: "NVIDIA A800-SXM4-80GB".into(), memory_bytes: 80 << 30, mig_mode: true }
+        );
+        assert!(cards[1].mig_mode && cards[1].memory_bytes == 15 << 30);
+        assert!(!cards[2].mig_mode);
+        let inv = inventory("n1", &cards);
+        assert_eq!(inv.gpus[0].mig.as_deref(), Some(&[][..]));
+        assert_eq!(inv.gpus[3].mig, None);
+        let err = parse_spec("T4:mig").unwrap_err().to_string();
+        assert!(err.contains("missing ':MEMORY'"), "{err}");
     }
 
     #[test]

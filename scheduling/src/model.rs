@@ -74,6 +74,20 @@ pub struct MigDevice {
     /// Streaming multiprocessors of the instance.
     #[serde(default)]
     pub multiprocessors: u32,
+    /// Where the GPU instance sits on the card, when discovery could read it: dynamic MIG
+    /// offers no placement that overlaps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<MigPlacement>,
+}
+
+/// A GPU instance's profile and first memory slice, as NVML reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigPlacement {
+    /// NVML's GPU-instance profile id (19 for `1g.10gb`).
+    pub profile_id: u32,
+    /// The first memory slice it holds.
+    pub start: u8,
 }
 
 /// Everything discovery knows about a node's GPUs.

@@ -124,6 +124,9 @@ fn mig_devices(parent: &nvml_wrapper::Device<'_>) -> Result<Vec<MigDevice>, Disc
             compute_instance: 0,
             memory_bytes: step("MIG memory info", mig.memory_info())?.total,
             multiprocessors: 0,
+            // nvml-wrapper does not read a GPU instance's placement; until the MIG module reads
+            // it through the -sys bindings, such a card offers no dynamic MIG.
+            placement: None,
         });
     }
     Ok(out)

@@ -6,8 +6,10 @@
 //! so async callers run it on `spawn_blocking`.
 
 pub mod control;
+pub mod offer;
 pub mod sim;
 pub mod slices;
 
 pub use control::{MigControl, MigError, MigInstance};
+pub use offer::{DynamicMig, MigSettings, PoolLayout};
 pub use sim::MigSim;

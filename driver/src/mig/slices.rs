@@ -21,8 +21,8 @@ use crate::slices::{MAX_DEVICES_PER_SLICE, PoolIdentity, api_device, slice_with}
 /// The API's limit on counter sets in one slice.
 pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 
-/// A card that offers dynamic MIG: its whole-card device, its model, and the profiles it may
-/// offer (all of the model's when `None`).
+/// A card that offers dynamic MIG: its whole-card device, its model, the profiles it may offer
+/// (all of the model's when `None`), and where instances already sit.
 #[derive(Debug, Clone)]
 pub struct MigCard<'a> {
     /// The card's published whole-card device.
@@ -31,6 +31,8 @@ pub struct MigCard<'a> {
     pub model: &'static MigModel,
     /// The profile names the device configuration allows on it.
     pub allowed: Option<Vec<&'static str>>,
+    /// Instances already on the card: placements overlapping them are not offered.
+    pub occupied: Vec<Placement>,
 }
 
 impl MigCard<'_> {
@@ -39,12 +41,14 @@ impl MigCard<'_> {
         format!("gpu-{}-counters", self.card.minor)
     }
 
-    /// The placements it offers: every placement of an allowed profile.
+    /// The placements it offers: every placement of an allowed profile that overlaps no
+    /// instance already on the card.
     pub fn placements(&self) -> Vec<Placement> {
         self.model
             .placements()
             .into_iter()
             .filter(|p| self.allowed.as_ref().is_none_or(|a| a.contains(&p.profile().name())))
+            .filter(|p| !self.occupied.iter().any(|o| o.overlaps(p)))
             .collect()
     }
 }

@@ -26,7 +26,7 @@ fn mig_cards<'a>(devices: &'a [PublishedDevice], allowed: Option<Vec<&'static st
                 other => panic!("productName {other:?}"),
             };
             let memory = card.capacity["memory"].value.to_string().trim_end_matches("Gi").parse::<u64>().unwrap() << 30;
-            MigCard { card, model: model_for(&product, memory).unwrap(), allowed: allowed.clone() }
+            MigCard { card, model: model_for(&product, memory).unwrap(), allowed: allowed.clone(), occupied: Vec::new() }
         })
         .collect()
 }
