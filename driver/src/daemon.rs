@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{LimitOptions, SharingConfig};
 
 use crate::cli::{KubeletPluginArgs, LogFormat};
+use crate::coalesce::Coalesced;
 use crate::config::Resolved;
 use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource, SnapshotSource};
 use crate::http::{Probes, Scrape};
@@ -250,8 +251,9 @@ impl App {
             published: publisher.ready_flag(),
             sockets: plugin::kubelet::probe::PluginSockets::from(&paths),
             call_timeout: plugin::kubelet::probe::CALL_TIMEOUT,
+            checks: Arc::new(Coalesced::new(crate::http::CHECK_REUSE)),
         };
-        let scrape = Scrape { metrics: telemetry.metrics, report: telemetry.report, state: state.clone() };
+        let scrape = Scrape::new(telemetry.metrics, telemetry.report, state.clone());
         let http =
             essential("metrics and probes endpoint", cancel, crate::http::serve(metrics_address, probes, scrape, cancel.clone()));
         let health = HealthService { pool, devices: health_rx };

@@ -1,6 +1,10 @@
 //! The HTTP endpoints: `/metrics`, `/healthz` (the kubelet plugin's sockets answer a real gRPC
 //! call each, within a deadline) and `/readyz` (the same calls, and also registered with the
 //! kubelet and the last attempt to publish the slices succeeded).
+//!
+//! The port is open to whoever reaches the node, so each endpoint's work is bounded whatever
+//! the request rate ([`Coalesced`]): one socket check at a time, reused for a second by both
+//! probes, and one render of the metrics at a time, shared by the scrapes that arrived before it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,10 +17,15 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use tokio_util::sync::CancellationToken;
 
+use crate::coalesce::Coalesced;
 use crate::metrics::Metrics;
 use crate::plugin::kubelet::probe::PluginSockets;
 use crate::plugin::report::DeviceReport;
 use crate::plugin::state::State;
+
+/// How long after it ends one check of the sockets still answers the probes: the kubelet probes
+/// every 10 s, so a second's reuse changes nothing for it and caps what a flood can cause.
+pub const CHECK_REUSE: Duration = Duration::from_secs(1);
 
 /// What the probes look at.
 #[derive(Clone)]
@@ -30,6 +39,8 @@ pub struct Probes {
     /// How long each socket may take to answer
     /// ([`crate::plugin::kubelet::probe::CALL_TIMEOUT`]).
     pub call_timeout: Duration,
+    /// The last check of the sockets, shared by both probes ([`CHECK_REUSE`]).
+    pub checks: Arc<Coalesced<Result<(), Vec<String>>>>,
 }
 
 /// What a scrape reads: the registry, with the device figures set from the state just before.
@@ -41,13 +52,25 @@ pub struct Scrape {
     pub report: Arc<DeviceReport>,
     /// Where they come from.
     pub state: Arc<State>,
+    /// The last rendering, shared by the scrapes that arrived before it started.
+    pub renders: Arc<Coalesced<String>>,
 }
 
 impl Scrape {
-    /// The text exposition, with the device figures as the state has them now.
+    /// A scrape of `metrics` with the device figures of `report`, read from `state`.
+    pub fn new(metrics: Arc<Metrics>, report: Arc<DeviceReport>, state: Arc<State>) -> Self {
+        Self { metrics, report, state, renders: Arc::new(Coalesced::new(Duration::ZERO)) }
+    }
+
+    /// The text exposition, with the device figures as the state has them now (or as a
+    /// rendering that started after the call did has them).
     pub async fn render(&self) -> String {
-        self.report.update(&self.state.snapshot().await);
-        self.metrics.encode()
+        self.renders
+            .get(|| async {
+                self.report.update(&self.state.snapshot().await);
+                self.metrics.encode()
+            })
+            .await
     }
 }
 
@@ -59,7 +82,12 @@ struct Shared {
 
 /// Each socket that failed its call, one line each.
 async fn sockets_answer(probes: &Probes) -> Result<(), Vec<String>> {
-    probes.sockets.check(probes.call_timeout).await.map_err(|failed| failed.iter().map(ToString::to_string).collect())
+    probes
+        .checks
+        .get(|| async {
+            probes.sockets.check(probes.call_timeout).await.map_err(|failed| failed.iter().map(ToString::to_string).collect())
+        })
+        .await
 }
 
 /// `/healthz`: 200 when both sockets answer their call; else 503 naming each that did not.

@@ -97,12 +97,28 @@ fn silent(path: &Path) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// [`silent`], counting the connections it accepted.
+fn counting(path: &Path) -> Arc<std::sync::atomic::AtomicUsize> {
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(conn);
+        }
+    });
+    accepted
+}
+
 fn probes(sockets: PluginSockets, ready: bool) -> Probes {
     Probes {
         registered: Arc::new(AtomicBool::new(ready)),
         published: Arc::new(AtomicBool::new(ready)),
         sockets,
         call_timeout: TIMEOUT,
+        checks: Arc::new(Coalesced::new(CHECK_REUSE)),
     }
 }
 
@@ -166,4 +182,28 @@ async fn a_missing_socket_fails() {
     // The registration socket still answers; the cause is said once.
     let expected = format!("DRA socket {}: connecting: No such file or directory (os error 2)\n", sockets.dra.display());
     assert_eq!(body, expected);
+}
+
+#[tokio::test]
+async fn a_flood_of_probes_makes_a_bounded_number_of_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let sockets = sockets(dir.path());
+    let (registration, dra) = (counting(&sockets.registration), counting(&sockets.dra));
+    let shared = probes(sockets, true);
+    // Sockets that never answer: each check holds its deadline, the worst case for a flood.
+    let calls: Vec<_> = (0..50)
+        .map(|i| {
+            let p = shared.clone();
+            tokio::spawn(async move { if i % 2 == 0 { health(&p).await } else { readiness(&p).await } })
+        })
+        .collect();
+    for call in calls {
+        assert_eq!(call.await.unwrap().0, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // The first check, and one more for the requests that arrived while it ran; not fifty.
+    let (r, d) = (registration.load(Ordering::SeqCst), dra.load(Ordering::SeqCst));
+    assert!((1..=2).contains(&r) && (1..=2).contains(&d), "{r} registration and {d} DRA connections");
+    // Within a second of the last check its result answers without another.
+    assert_eq!(readiness(&shared).await.0, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(dra.load(Ordering::SeqCst), d);
 }

@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod cli;
+pub mod coalesce;
 pub mod config;
 pub mod daemon;
 pub mod discovery;
