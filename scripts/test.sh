@@ -43,11 +43,16 @@ done
 if ! $threads_chosen && [[ -z ${RUST_TEST_THREADS:-} ]]; then
 	test_args+=(--test-threads=2)
 fi
+# The whole workspace, unless the caller named packages: `--workspace` would override `-p`.
+scope=(--workspace)
+for arg in ${cargo_args[@]+"${cargo_args[@]}"}; do
+	case $arg in -p | --package | -p* | --package=*) scope=() ;; esac
+done
 rm -f target/test-bed-timings.log
 status=0
 start=$SECONDS
 # `${a[@]+"${a[@]}"}`: an empty array is no argument, also under `set -u` in bash before 4.4.
-cargo test --workspace --locked ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"} || status=$?
+cargo test ${scope[@]+"${scope[@]}"} --locked ${cargo_args[@]+"${cargo_args[@]}"} -- ${test_args[@]+"${test_args[@]}"} || status=$?
 if [[ -f target/test-bed-timings.log ]]; then
 	cat target/test-bed-timings.log
 fi
