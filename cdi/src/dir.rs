@@ -9,6 +9,7 @@
 use std::fs::{self, File};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::{DeviceName, Kind, NameError, Spec};
 
@@ -202,7 +203,7 @@ impl SpecDir {
         tmp.write_all(&body).map_err(write_err)?;
         let synced = self.durability == Durability::Durable;
         if synced {
-            tmp.as_file().sync_all().map_err(write_err)?;
+            sync(tmp.as_file()).map_err(write_err)?;
         }
         Ok(StagedSpec { tmp, target, dir: self.path.clone(), synced })
     }
@@ -361,5 +362,20 @@ impl StagedSpec {
 
 /// Makes a rename or unlink in `dir` durable.
 fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    sync(&File::open(dir)?)
+}
+
+/// The fsyncs this module has made in this process.
+static FSYNCS: AtomicU64 = AtomicU64::new(0);
+
+/// How many fsyncs of spec files and spec directories this process has made, for a driver's
+/// metrics: the durable writes its specs cost.
+pub fn fsyncs() -> u64 {
+    FSYNCS.load(Ordering::Relaxed)
+}
+
+/// `fsync(2)` of `file`, counted.
+fn sync(file: &File) -> io::Result<()> {
+    FSYNCS.fetch_add(1, Ordering::Relaxed);
+    file.sync_all()
 }

@@ -13,7 +13,7 @@ mod name;
 mod spec;
 mod version;
 
-pub use dir::{Durability, IgnoredEntry, OwnedSpec, ReservedSpec, Scan, SpecDir, SpecDirError, StagedSpec};
+pub use dir::{Durability, IgnoredEntry, OwnedSpec, ReservedSpec, Scan, SpecDir, SpecDirError, StagedSpec, fsyncs};
 pub use name::{DeviceName, Kind, NameError, QualifiedDeviceId};
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, Mount, Spec};
 pub use version::CdiVersion;

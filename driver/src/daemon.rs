@@ -19,7 +19,7 @@ use crate::coalesce::Coalesced;
 use crate::config::Resolved;
 use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource, SnapshotSource};
 use crate::http::{Probes, Scrape};
-use crate::metrics::{Metrics, WatchRestarts};
+use crate::metrics::{Fsyncs, Metrics, WatchRestarts};
 use crate::mig::{DynamicMig, MigSettings, PoolLayout};
 use crate::monitor::feedback::SwitchMode;
 use crate::monitor::metrics::MonitorMetrics;
@@ -115,6 +115,7 @@ impl Telemetry {
     pub fn with_legacy_names(node: String, legacy_names: bool) -> Self {
         let mut registry = Registry::default();
         let restarts = WatchRestarts::register(&mut registry);
+        Fsyncs::register(&mut registry);
         let calls = CallMetrics::register(&mut registry);
         let read_ahead = ReadAheadMetrics::register(&mut registry, &restarts);
         let publish = PublishMetrics::register(&mut registry, &restarts);

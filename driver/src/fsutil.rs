@@ -4,9 +4,25 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The name prefix of a temp file that [`write_atomically`] has not renamed yet.
 pub const TEMP_PREFIX: &str = ".vgpu-dra-tmp-";
+
+/// The fsyncs this module has made in this process.
+static FSYNCS: AtomicU64 = AtomicU64::new(0);
+
+/// How many fsyncs of files and directories this module has made in this process (the
+/// checkpoint, claim files, host files): the durable writes a prepare costs, for the metrics.
+pub fn fsyncs() -> u64 {
+    FSYNCS.load(Ordering::Relaxed)
+}
+
+/// `fsync(2)` of `file`, counted.
+fn sync(file: &File) -> io::Result<()> {
+    FSYNCS.fetch_add(1, Ordering::Relaxed);
+    file.sync_all()
+}
 
 /// Writes `body` to `path` with permission bits `mode` so readers see the old file or the new
 /// one, never a mix, and the new one survives a crash: temp file in the same directory, mode
@@ -74,7 +90,7 @@ impl Reserved {
         let mut tmp = self.tmp;
         tmp.write_all(body)?;
         tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-        tmp.as_file().sync_all()?;
+        sync(tmp.as_file())?;
         Ok(Staged { tmp, target: path.to_owned() })
     }
 }
@@ -95,7 +111,7 @@ impl Staged {
     pub fn commit(self) -> io::Result<()> {
         let dir = self.target.parent().unwrap_or(Path::new("/")).to_owned();
         self.tmp.persist(&self.target).map_err(|e| e.error)?;
-        File::open(dir)?.sync_all()
+        sync(&File::open(dir)?)
     }
 }
 
@@ -105,7 +121,7 @@ impl Staged {
 /// The I/O error of the removal or the fsync.
 pub fn remove_durably(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {
-        Ok(()) => File::open(path.parent().unwrap_or(Path::new("/")))?.sync_all(),
+        Ok(()) => sync(&File::open(path.parent().unwrap_or(Path::new("/")))?),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e),
     }

@@ -143,7 +143,9 @@ pub async fn serve(address: SocketAddr, probes: Probes, scrape: Scrape, cancel: 
         .route("/readyz", get(readyz))
         .with_state(shared);
     let listener = tokio::net::TcpListener::bind(address).await.map_err(|e| anyhow::anyhow!("binding {address}: {e}"))?;
-    tracing::info!(%address, "metrics and probes listening");
+    // The bound address: with port 0 (tests, the benchmark) the log is how the port is found.
+    let bound = listener.local_addr().unwrap_or(address);
+    tracing::info!(address = %bound, "metrics and probes listening");
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| vgpu_dra_runtime::net::no_delay(tcp));
     axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await?;
     Ok(())

@@ -8,6 +8,7 @@
 mod apiserver;
 mod client;
 mod cluster;
+mod fsyncs;
 mod monitor;
 mod procfs;
 mod report;
@@ -24,6 +25,7 @@ use futures::{StreamExt, stream};
 use vgpu_dra_integration::{ControlPlane, PlaneOptions};
 
 use client::{ClaimId, Plugin};
+use fsyncs::FsyncMeter;
 use report::{LatencyRun, Machine, Report, Scale, Single};
 use stats::Summary;
 use target::{Running, Target};
@@ -55,9 +57,14 @@ struct Args {
     /// Claim counts to measure latency at.
     #[arg(long, value_delimiter = ',', default_value = "1,10,100,1000")]
     sizes: Vec<usize>,
-    /// Calls in flight in the concurrent runs.
+    /// Calls in flight in the concurrent runs of the scale run, the webhook and the memory
+    /// sample.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Calls in flight in the single node's latency runs, each size run once per value (and
+    /// once sequentially).
+    #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
+    in_flight: Vec<usize>,
     /// Steady-state window for counting API requests, in seconds.
     #[arg(long, default_value_t = 30)]
     steady_seconds: u64,
@@ -244,14 +251,14 @@ its output ends:\n{}",
     cluster::create_claims(&plane, "c", args.claims, &args.claim_requests, Some(node))?;
     let (claims, allocate) = cluster::wait_allocated(&client, "c", args.claims, Duration::from_secs(300)).await?;
 
+    let meter = FsyncMeter::from_log(running.process.log());
     let mut latency = Vec::new();
     for &n in args.sizes.iter().filter(|n| **n <= claims.len()) {
         let set = &claims[..n];
-        let (prepare, unprepare) = (run(&plugin, set, 1, true).await?, run(&plugin, set, 1, false).await?);
-        latency.push(LatencyRun { claims: n, mode: "sequential".into(), prepare, unprepare });
-        let (prepare, unprepare) =
-            (run(&plugin, set, args.concurrency, true).await?, run(&plugin, set, args.concurrency, false).await?);
-        latency.push(LatencyRun { claims: n, mode: format!("concurrent({})", args.concurrency), prepare, unprepare });
+        latency.push(latency_run(&plugin, &meter, set, None).await?);
+        for &in_flight in &args.in_flight {
+            latency.push(latency_run(&plugin, &meter, set, Some(in_flight)).await?);
+        }
     }
 
     // Every claim prepared: memory, then the slices wiped the way a kubelet does.
@@ -301,6 +308,30 @@ its output ends:\n{}",
         wipe_recovery_ms,
         wipe_timeout_seconds: args.wipe_timeout_seconds,
         wipe_not_recovered,
+    })
+}
+
+/// Prepares, then unprepares, every claim of `set`: one at a time, or `in_flight` calls at a
+/// time; with the fsyncs each claim cost, where the plugin counts them.
+async fn latency_run(
+    plugin: &Plugin,
+    meter: &FsyncMeter,
+    set: &[ClaimId],
+    in_flight: Option<usize>,
+) -> anyhow::Result<LatencyRun> {
+    let calls = in_flight.unwrap_or(1);
+    let start = meter.count().await;
+    let prepare = run(plugin, set, calls, true).await?;
+    let prepared = meter.count().await;
+    let unprepare = run(plugin, set, calls, false).await?;
+    let end = meter.count().await;
+    Ok(LatencyRun {
+        claims: set.len(),
+        mode: in_flight.map_or_else(|| "sequential".to_owned(), |c| format!("concurrent({c})")),
+        prepare,
+        unprepare,
+        prepare_fsyncs_per_claim: fsyncs::per_claim(start, prepared, set.len()),
+        unprepare_fsyncs_per_claim: fsyncs::per_claim(prepared, end, set.len()),
     })
 }
 

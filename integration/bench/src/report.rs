@@ -109,6 +109,11 @@ pub struct LatencyRun {
     pub prepare: Summary,
     /// NodeUnprepareResources, one claim per call.
     pub unprepare: Summary,
+    /// fsyncs per claim prepared, where the plugin counts them (vgpu-dra's
+    /// `vgpu_dra_fsyncs_total`); `None` for other drivers.
+    pub prepare_fsyncs_per_claim: Option<f64>,
+    /// fsyncs per claim unprepared, likewise.
+    pub unprepare_fsyncs_per_claim: Option<f64>,
 }
 
 /// The single-node figures.
@@ -267,20 +272,25 @@ impl Report {
                 out.push_str(&format!("  NOT BACK                    {failed}\n"));
             }
             out.push_str(&format!("  scheduler allocated claims  {:>9.1} s\n\n", s.allocate_seconds));
-            out.push_str("  claims  mode            prepare p50/p90/p99 ms     /s   unprepare p50/p90/p99 ms     /s\n");
+            out.push_str(
+                "  claims  mode            prepare p50/p90/p99 ms     /s  fsync/claim   unprepare p50/p90/p99 ms     /s  fsync/claim\n",
+            );
+            let fsyncs = |f: Option<f64>| f.map_or_else(|| "-".to_owned(), |f| format!("{f:.2}"));
             for r in &s.latency {
                 out.push_str(&format!(
-                    "  {:>6}  {:<14} {:>6.2} {:>6.2} {:>6.2} {:>7.0}   {:>6.2} {:>6.2} {:>6.2} {:>7.0}\n",
+                    "  {:>6}  {:<14} {:>6.2} {:>6.2} {:>6.2} {:>7.0} {:>12}   {:>6.2} {:>6.2} {:>6.2} {:>7.0} {:>12}\n",
                     r.claims,
                     r.mode,
                     r.prepare.p50_ms,
                     r.prepare.p90_ms,
                     r.prepare.p99_ms,
                     r.prepare.per_second,
+                    fsyncs(r.prepare_fsyncs_per_claim),
                     r.unprepare.p50_ms,
                     r.unprepare.p90_ms,
                     r.unprepare.p99_ms,
-                    r.unprepare.per_second
+                    r.unprepare.per_second,
+                    fsyncs(r.unprepare_fsyncs_per_claim),
                 ));
             }
             out.push('\n');

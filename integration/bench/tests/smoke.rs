@@ -21,6 +21,8 @@ fn a_tiny_run_reports_every_figure() {
             "1,5",
             "--concurrency",
             "2",
+            "--in-flight",
+            "2,3",
             "--steady-seconds",
             "1",
             "--wipes",
@@ -38,8 +40,16 @@ fn a_tiny_run_reports_every_figure() {
     assert!(run.status.success(), "bench failed:\n{table}\n{}", String::from_utf8_lossy(&run.stderr));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     let single = &report["single"];
-    assert_eq!(single["latency"].as_array().unwrap().len(), 4, "{report:#}");
-    assert_eq!(single["latency"][3]["prepare"]["calls"], 5);
+    // Per size: sequential, then 2 and 3 in flight.
+    let latency = single["latency"].as_array().unwrap();
+    assert_eq!(latency.len(), 6, "{report:#}");
+    assert_eq!(latency[5]["prepare"]["calls"], 5);
+    assert_eq!(latency[5]["mode"], "concurrent(3)");
+    // vgpu-dra counts its fsyncs: a prepare writes its CDI spec and checkpoint record durably.
+    for run in latency {
+        let (prepare, unprepare) = (run["prepare_fsyncs_per_claim"].as_f64(), run["unprepare_fsyncs_per_claim"].as_f64());
+        assert!(prepare.is_some_and(|f| f >= 1.0) && unprepare.is_some_and(|f| f >= 1.0), "{run:#}");
+    }
     assert!(single["start_to_first_slice_ms"].as_f64().unwrap() > 0.0);
     assert!(single["idle"]["rss_mib"].as_f64().unwrap() > 1.0);
     assert_eq!(single["wipe_recovery_ms"].as_array().unwrap().len(), 1);
