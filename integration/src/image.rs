@@ -128,23 +128,9 @@ pub fn archive_config(archive: &Path) -> anyhow::Result<ImageConfig> {
 /// # Errors
 /// When the archive or a layer cannot be read.
 pub fn layer_paths(archive: &Path) -> anyhow::Result<Vec<String>> {
-    let manifest = manifest(archive)?;
-    let layers = manifest["layers"].as_array().context("the manifest names no layers")?;
     let mut paths = Vec::new();
-    for layer in layers {
-        let digest = layer["digest"].as_str().context("a layer without a digest")?;
-        // Streamed from one tar into the other: a driver layer is ~80 MB.
-        let mut extract = Command::new("tar")
-            .arg("-xOf")
-            .arg(archive)
-            .arg(blob_path(digest)?)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("running tar")?;
-        let stdout = extract.stdout.take().context("tar's output")?;
-        let list = Command::new("tar").arg("-t").stdin(stdout).output().context("running tar -t")?;
-        let extracted = extract.wait()?;
-        ensure!(extracted.success(), "extracting layer {digest} from {}", archive.display());
+    for digest in layer_digests(archive)? {
+        let list = through_layer(archive, &digest, &["-t"])?;
         ensure!(list.status.success(), "listing layer {digest}: {}", String::from_utf8_lossy(&list.stderr).trim());
         for entry in String::from_utf8_lossy(&list.stdout).lines() {
             let path = entry.trim_start_matches('.').trim_end_matches('/');
@@ -160,26 +146,39 @@ pub fn layer_paths(archive: &Path) -> anyhow::Result<Vec<String>> {
 /// # Errors
 /// When the archive cannot be read or no layer holds the file.
 pub fn layer_file(archive: &Path, path: &str) -> anyhow::Result<Vec<u8>> {
-    let manifest = manifest(archive)?;
-    let layers = manifest["layers"].as_array().context("the manifest names no layers")?;
     let member = format!(".{path}");
-    for layer in layers.iter().rev() {
-        let digest = layer["digest"].as_str().context("a layer without a digest")?;
-        let mut extract = Command::new("tar")
-            .arg("-xOf")
-            .arg(archive)
-            .arg(blob_path(digest)?)
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("running tar")?;
-        let stdout = extract.stdout.take().context("tar's output")?;
-        let file = Command::new("tar").arg("-xO").arg(&member).stdin(stdout).output().context("running tar -xO")?;
-        extract.wait()?;
+    for digest in layer_digests(archive)?.iter().rev() {
+        let file = through_layer(archive, digest, &["-xO", &member])?;
         if file.status.success() {
             return Ok(file.stdout);
         }
     }
     bail!("no layer of {} holds {path}", archive.display())
+}
+
+/// The digests of the first image's layers, bottom first.
+fn layer_digests(archive: &Path) -> anyhow::Result<Vec<String>> {
+    let manifest = manifest(archive)?;
+    let layers = manifest["layers"].as_array().context("the manifest names no layers")?;
+    layers.iter().map(|l| l["digest"].as_str().map(str::to_owned).context("a layer without a digest")).collect()
+}
+
+/// Runs `tar args` on layer `digest` of `archive`, streamed from one tar into the other (a
+/// driver layer is ~80 MB); the second tar's output, whatever its status.
+fn through_layer(archive: &Path, digest: &str, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let mut extract = Command::new("tar")
+        .arg("-xOf")
+        .arg(archive)
+        .arg(blob_path(digest)?)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running tar")?;
+    let stdout = extract.stdout.take().context("tar's output")?;
+    let out = Command::new("tar").args(args).stdin(stdout).output().with_context(|| format!("running tar {}", args.join(" ")))?;
+    // The second tar reads its input to the end (it looks for more members), so the first
+    // one fails only when the layer cannot be read.
+    ensure!(extract.wait()?.success(), "extracting layer {digest} from {}", archive.display());
+    Ok(out)
 }
 
 fn manifest(archive: &Path) -> anyhow::Result<Value> {
