@@ -141,24 +141,19 @@ pub fn counters_safe(git_version: &str) -> Option<bool> {
 /// Warns when the API server (as a stand-in for the scheduler, whose version a node cannot
 /// read) is older than the first release that keeps dynamic MIG's counters; never stops.
 pub async fn warn_if_counters_unsafe(client: &kube::Client) {
-    match tokio::time::timeout(TIMEOUT, client.apiserver_version()).await {
+    let why = match tokio::time::timeout(TIMEOUT, client.apiserver_version()).await {
         Ok(Ok(info)) => match counters_safe(&info.git_version) {
-            Some(true) => {}
-            Some(false) => tracing::warn!(
-                version = %info.git_version,
-                "dynamic MIG needs kube-scheduler 1.36.2 or later: older schedulers lose the counters of shared devices across scheduling cycles, so a card's shares and its MIG instances could both be allocated"
-            ),
-            None => {
-                tracing::warn!(version = %info.git_version, "could not read the API server's version; dynamic MIG needs kube-scheduler 1.36.2 or later")
-            }
+            Some(true) => return,
+            Some(false) => format!("the API server is {}", info.git_version),
+            None => format!("the API server's version {:?} could not be read", info.git_version),
         },
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "could not read the API server's version; dynamic MIG needs kube-scheduler 1.36.2 or later")
-        }
-        Err(_) => tracing::warn!(
-            "the API server's version did not come within {TIMEOUT:?}; dynamic MIG needs kube-scheduler 1.36.2 or later"
-        ),
-    }
+        Ok(Err(e)) => format!("the API server's version could not be read: {e}"),
+        Err(_) => format!("the API server's version did not come within {TIMEOUT:?}"),
+    };
+    tracing::warn!(
+        reason = %why,
+        "dynamic MIG needs kube-scheduler 1.36.2 or later: older schedulers lose the counters of shared devices across scheduling cycles, so a card's shares and its MIG instances could both be allocated"
+    );
 }
 
 #[cfg(test)]

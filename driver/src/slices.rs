@@ -30,21 +30,41 @@ pub struct PoolIdentity {
 
 /// Builds the slices of the pool; the slice names are stable: `<node>-<driver>-<n>`.
 pub fn build_slices(pool: &PoolIdentity, devices: &[PublishedDevice]) -> Vec<resource::ResourceSlice> {
-    let chunks: Vec<&[PublishedDevice]> =
+    lay_out(pool, Vec::new(), devices.iter().map(|d| api_device(&pool.driver, d)).collect())
+}
+
+/// The API's limit on counter sets in one slice.
+pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+
+/// The pool's slices, as the API wants them since 1.35: `counter_sets` in slices of their own
+/// (at most [`MAX_COUNTER_SETS_PER_SLICE`] each), then `devices`, at most
+/// [`MAX_DEVICES_PER_SLICE`] per slice (one empty slice when there are none); every slice counts
+/// the whole pool.
+pub(crate) fn lay_out(
+    pool: &PoolIdentity,
+    counter_sets: Vec<resource::CounterSet>,
+    devices: Vec<resource::Device>,
+) -> Vec<resource::ResourceSlice> {
+    let set_chunks: Vec<&[resource::CounterSet]> = counter_sets.chunks(MAX_COUNTER_SETS_PER_SLICE).collect();
+    let device_chunks: Vec<&[resource::Device]> =
         if devices.is_empty() { vec![&[]] } else { devices.chunks(MAX_DEVICES_PER_SLICE).collect() };
-    chunks
-        .iter()
-        .enumerate()
-        .map(|(i, chunk)| {
-            let mut slice = slice_with(pool, i, chunks.len());
-            slice.spec.devices = Some(chunk.iter().map(|d| api_device(&pool.driver, d)).collect());
-            slice
-        })
-        .collect()
+    let count = set_chunks.len() + device_chunks.len();
+    let mut slices = Vec::with_capacity(count);
+    for chunk in set_chunks {
+        let mut slice = slice_with(pool, slices.len(), count);
+        slice.spec.shared_counters = Some(chunk.to_vec());
+        slices.push(slice);
+    }
+    for chunk in device_chunks {
+        let mut slice = slice_with(pool, slices.len(), count);
+        slice.spec.devices = Some(chunk.to_vec());
+        slices.push(slice);
+    }
+    slices
 }
 
 /// The `index`th of `count` slices of the pool, with nothing in it yet.
-pub(crate) fn slice_with(pool: &PoolIdentity, index: usize, count: usize) -> resource::ResourceSlice {
+fn slice_with(pool: &PoolIdentity, index: usize, count: usize) -> resource::ResourceSlice {
     resource::ResourceSlice {
         metadata: ObjectMeta {
             name: Some(slice_name(pool, index)),

@@ -5,9 +5,8 @@
 //! (the whole-card device allows multiple allocations, and its counters are charged once, at its
 //! first allocation), and keeps placements from overlapping.
 //!
-//! Layout, as the API wants it since 1.35: the counter sets in slices of their own (at most
-//! [`MAX_COUNTER_SETS_PER_SLICE`] each), then the devices, at most
-//! [`crate::slices::MAX_DEVICES_PER_SLICE`] per slice; every slice counts the whole pool.
+//! Layout, as the API wants it since 1.35: the counter sets in slices of their own, then the
+//! devices ([`crate::slices::lay_out`]).
 
 use std::collections::BTreeMap;
 
@@ -16,10 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 use vgpu_scheduling::PublishedDevice;
 use vgpu_scheduling::mig::{MigModel, Placement};
 
-use crate::slices::{MAX_DEVICES_PER_SLICE, PoolIdentity, api_device, slice_with};
-
-/// The API's limit on counter sets in one slice.
-pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+use crate::slices::{PoolIdentity, api_device, lay_out};
 
 /// A card that offers dynamic MIG: its whole-card device, its model, the profiles it may offer
 /// (all of the model's when `None`), and where instances already sit.
@@ -73,23 +69,7 @@ pub fn build_slices_with_mig(
     for card in mig {
         api_devices.extend(card.placements().iter().map(|p| placement_device(pool, card, p)));
     }
-    let sets: Vec<resource::CounterSet> = mig.iter().map(counter_set).collect();
-    let set_chunks: Vec<&[resource::CounterSet]> = sets.chunks(MAX_COUNTER_SETS_PER_SLICE).collect();
-    let device_chunks: Vec<&[resource::Device]> =
-        if api_devices.is_empty() { vec![&[]] } else { api_devices.chunks(MAX_DEVICES_PER_SLICE).collect() };
-    let count = set_chunks.len() + device_chunks.len();
-    let mut slices = Vec::with_capacity(count);
-    for chunk in set_chunks {
-        let mut slice = slice_with(pool, slices.len(), count);
-        slice.spec.shared_counters = Some(chunk.to_vec());
-        slices.push(slice);
-    }
-    for chunk in device_chunks {
-        let mut slice = slice_with(pool, slices.len(), count);
-        slice.spec.devices = Some(chunk.to_vec());
-        slices.push(slice);
-    }
-    slices
+    lay_out(pool, mig.iter().map(counter_set).collect(), api_devices)
 }
 
 fn counter_set(card: &MigCard<'_>) -> resource::CounterSet {

@@ -7,6 +7,7 @@ use vgpu_scheduling::{SharingConfig, publish};
 use super::*;
 use crate::discovery::DeviceSource;
 use crate::discovery::mock::{MockSource, parse_spec};
+use crate::slices::MAX_DEVICES_PER_SLICE;
 
 fn pool() -> PoolIdentity {
     PoolIdentity { driver: SharingConfig::default().driver_name, node_name: "n1".into(), node_uid: None, generation: 3 }
