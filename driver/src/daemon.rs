@@ -15,7 +15,6 @@ use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{LimitOptions, SharingConfig};
 
 use crate::cli::{KubeletPluginArgs, LogFormat};
-use crate::coalesce::Coalesced;
 use crate::config::Resolved;
 use crate::discovery::{DeviceLoop, DeviceLoopOptions, DeviceSource, SnapshotSource};
 use crate::http::{Probes, Scrape};
@@ -252,7 +251,7 @@ impl App {
             published: publisher.ready_flag(),
             sockets: plugin::kubelet::probe::PluginSockets::from(&paths),
             call_timeout: plugin::kubelet::probe::CALL_TIMEOUT,
-            checks: Arc::new(Coalesced::new(crate::http::CHECK_REUSE)),
+            checks: Arc::default(),
         };
         let scrape = Scrape::new(telemetry.metrics, telemetry.report, state.clone());
         let http =

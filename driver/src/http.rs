@@ -3,8 +3,8 @@
 //! kubelet and the last attempt to publish the slices succeeded).
 //!
 //! The port is open to whoever reaches the node, so each endpoint's work is bounded whatever
-//! the request rate ([`Coalesced`]): one socket check at a time, reused for a second by both
-//! probes, and one render of the metrics at a time, shared by the scrapes that arrived before it.
+//! the request rate ([`Coalesced`]): one socket check at a time, shared by the probes that
+//! arrived before it started, and one render of the metrics at a time, likewise.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,10 +23,6 @@ use crate::plugin::kubelet::probe::PluginSockets;
 use crate::plugin::report::DeviceReport;
 use crate::plugin::state::State;
 
-/// How long after it ends one check of the sockets still answers the probes: the kubelet probes
-/// every 10 s, so a second's reuse changes nothing for it and caps what a flood can cause.
-pub const CHECK_REUSE: Duration = Duration::from_secs(1);
-
 /// What the probes look at.
 #[derive(Clone)]
 pub struct Probes {
@@ -39,7 +35,7 @@ pub struct Probes {
     /// How long each socket may take to answer
     /// ([`crate::plugin::kubelet::probe::CALL_TIMEOUT`]).
     pub call_timeout: Duration,
-    /// The last check of the sockets, shared by both probes ([`CHECK_REUSE`]).
+    /// The last check of the sockets, shared by both probes.
     pub checks: Arc<Coalesced<Result<(), Vec<String>>>>,
 }
 
@@ -59,7 +55,7 @@ pub struct Scrape {
 impl Scrape {
     /// A scrape of `metrics` with the device figures of `report`, read from `state`.
     pub fn new(metrics: Arc<Metrics>, report: Arc<DeviceReport>, state: Arc<State>) -> Self {
-        Self { metrics, report, state, renders: Arc::new(Coalesced::new(Duration::ZERO)) }
+        Self { metrics, report, state, renders: Arc::default() }
     }
 
     /// The text exposition, with the device figures as the state has them now (or as a
