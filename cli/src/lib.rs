@@ -128,6 +128,14 @@ pub struct ConvertArgs {
     /// The DeviceClass of converted requests [default: the driver name].
     #[arg(long)]
     pub device_class: Option<String>,
+    /// As the webhook's `--mig-device-class`: the DeviceClass of converted MIG requests
+    /// [default: mig.<device class>].
+    #[arg(long)]
+    pub mig_device_class: Option<String>,
+    /// As the webhook's `--unannotated-mig`: a pod without vgpu-mode may get a MIG instance
+    /// when no share fits.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub unannotated_mig: bool,
     /// Against the cluster: the workloads of every namespace.
     #[arg(short = 'A', long, conflicts_with = "namespace")]
     pub all_namespaces: bool,
@@ -315,6 +323,8 @@ fn convert_inputs(
         device_class: args.device_class.clone(),
         volcano: vgpu_scheduling::compat::VolcanoSettings::default(),
         strict_fit: args.strict_fit,
+        mig_device_class: args.mig_device_class.clone(),
+        unannotated_mig: args.unannotated_mig,
     };
     let sets = flavours(config.as_ref(), &options);
     let driver = sets.first().map(|s| s.driver.clone()).unwrap_or_default();

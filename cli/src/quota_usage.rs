@@ -7,7 +7,7 @@ use std::io::Write;
 
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use vgpu_scheduling::compat::{ClassFacts, FlavourOptions, flavours};
+use vgpu_scheduling::compat::{ClassFacts, FlavourOptions, device_classes, flavours};
 use vgpu_scheduling::quota::{Charge, Limits, charge, quota_keys};
 
 use crate::table::Table;
@@ -16,7 +16,8 @@ use crate::table::Table;
 pub fn rows(quotas: &[ResourceQuota], claims: &[ResourceClaim], slices: &[ResourceSlice], driver: &str) -> Vec<[String; 4]> {
     let options = FlavourOptions { driver: Some(driver.to_owned()), ..FlavourOptions::default() };
     let sets = flavours(None, &options);
-    let classes: Vec<String> = sets.iter().map(|s| s.device_class.clone()).collect();
+    // The MIG class too: the webhook charges its claims (as whole cards) to the same keys.
+    let classes = device_classes(&sets);
     let facts = ClassFacts::from_slices(slices, driver);
     let used = claims.iter().filter_map(|c| charge(&c.spec, &classes, &facts)).fold(Charge::default(), Charge::plus);
     Limits::from_quotas(quotas, &quota_keys(&sets))
@@ -61,6 +62,17 @@ mod tests {
             .unwrap()
         };
         let claims = [claim("1500Mi", DRIVER), claim("100Mi", DRIVER), claim("9Gi", "other.example.com")];
+        // A MIG claim counts as the webhook charges it: a whole card of the largest model.
+        let mig: ResourceClaim = serde_json::from_value(json!({"metadata": {"name": "m"}, "spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": format!("mig.{DRIVER}")}}]}}}))
+        .unwrap();
+        let with_mig = rows(
+            std::slice::from_ref(&quota),
+            &[claims[0].clone(), mig],
+            &[slice("n1", vec![device("hami-gpu-0", "Tesla T4", 15360, 10)])],
+            DRIVER,
+        );
+        assert_eq!(with_mig[0][2], (1500 + 15360).to_string(), "{with_mig:?}");
         let slices = [slice("n1", vec![device("hami-gpu-0", "Tesla T4", 15360, 10)])];
         let got = rows(&[quota], &claims, &slices, DRIVER);
         assert_eq!(

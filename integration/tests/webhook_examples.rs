@@ -8,7 +8,9 @@
 //! some the CDI spec the driver writes (HAMi-core's limits); or the denial or warning of the
 //! compatibility rules. Also `nvidia.com/gpu: 2` is two distinct cards or none,
 //! `gpumem-percentage` is a percentage of the card picked, and the scheduler's extended-resource
-//! path (KEP-5004) gives the limits the webhook gives.
+//! path (KEP-5004) gives the limits the webhook gives. HAMi's MIG examples (`mig_example.yaml`,
+//! `dynamic_mig_example.yaml`) get MIG instances of a node offering dynamic MIG: the profile named,
+//! or the smallest profile that holds the memory asked.
 
 #![allow(clippy::unwrap_used)]
 
@@ -32,6 +34,15 @@ use common::{DRIVER, Dirs, NODE, cdi_check, claim_response, kubelet};
 /// The webhook's own namespace: never sent to the webhook.
 const WEBHOOK_NAMESPACE: &str = "vgpu-dra";
 const MIB: u64 = 1 << 20;
+/// The chart's MIG DeviceClass name (`mig.<deviceClassName>`).
+const MIG_CLASS: &str = "mig.hami-core-gpu.project-hami.io";
+
+/// The chart's DeviceClass of dynamic-MIG devices, the name the webhook derives by default.
+fn mig_device_class() -> String {
+    format!(
+        "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {{name: {MIG_CLASS}}}\nspec:\n  selectors:\n  - cel:\n      expression: device.driver == \"{DRIVER}\" && device.attributes[\"{DRIVER}\"].type == \"hami-mig\"\n"
+    )
+}
 
 /// HAMi's DeviceClass as the chart writes it, optionally standing for an extended resource.
 fn device_class(extended_resource: Option<&str>) -> String {
@@ -74,7 +85,7 @@ const fn ask(count: usize, memory: Mem, cores: u64) -> Ask {
     Ask { count, memory, cores }
 }
 
-/// A published card.
+/// A published card, or a dynamic-MIG device (`mig`: one placement of a profile on a card).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Card {
     node: String,
@@ -82,6 +93,7 @@ struct Card {
     product: String,
     uuid: String,
     memory: u64,
+    mig: bool,
 }
 
 fn amount(v: &Value) -> anyhow::Result<u64> {
@@ -89,7 +101,7 @@ fn amount(v: &Value) -> anyhow::Result<u64> {
     Quantity::parse(text)?.as_u64_exact().with_context(|| format!("{text} is not a whole amount"))
 }
 
-/// A control plane with HAMi's DeviceClass, mock GPU nodes and, once started, the webhook.
+/// A control plane with HAMi's DeviceClasses, mock GPU nodes and, once started, the webhook.
 /// Field order is drop order: the processes stop (printing their logs on a failure) before the
 /// plane removes its directory.
 struct Bed {
@@ -107,6 +119,7 @@ impl Bed {
         let plane = ControlPlane::start()?;
         let kubectl = plane.kubectl().clone();
         kubectl.apply(class)?;
+        kubectl.apply(&mig_device_class())?;
         kubectl.run(&["create", "namespace", WEBHOOK_NAMESPACE])?;
         Ok(Self { plane, kubectl, drivers: Vec::new(), webhook: None, metrics_port: 0, resources: HAMI_RESOURCES })
     }
@@ -114,11 +127,17 @@ impl Bed {
     /// Node `node` whose driver publishes the mock cards `gpus` (`--mock-gpus` syntax); [`NODE`]
     /// gets the common [`Dirs`] (so [`kubelet`] prepares its claims), others their own host dir.
     fn node(&mut self, node: &str, gpus: &str) -> anyhow::Result<Dirs> {
+        self.node_with(node, gpus, &[])
+    }
+
+    /// [`Bed::node`] with `extra` driver flags.
+    fn node_with(&mut self, node: &str, gpus: &str, extra: &[String]) -> anyhow::Result<Dirs> {
         self.plane.create_node(node)?;
         let dirs = if node == NODE { Dirs::new(self.plane.dir()) } else { Dirs::new(&node_host_dir(&self.plane, node)) };
         let mut args = dirs.args();
         args.retain(|a| !a.starts_with("--mock-gpus"));
         args.push(format!("--mock-gpus={gpus}"));
+        args.extend(extra.iter().cloned());
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         self.drivers.push(start_driver(&self.plane, &format!("driver-{node}"), node, &refs)?);
         Ok(dirs)
@@ -143,6 +162,7 @@ impl Bed {
                         product: text("productName"),
                         uuid: text("uuid"),
                         memory: amount(&d["capacity"]["memory"]["value"])?,
+                        mig: text("type") == "hami-mig",
                     });
                 }
             }
@@ -230,6 +250,26 @@ impl Bed {
         Ok(Placed { claim: name, cards: used })
     }
 
+    /// The allocation of MIG claim `claim`: `count` devices of the MIG node, each with the card
+    /// (its whole-card device, by the placement's `hami-gpu-<minor>` prefix), the device's name and
+    /// the (sub)request it serves.
+    fn mig_allocation(&mut self, claim: &Value, count: usize, cards: &[Card]) -> anyhow::Result<Vec<(Card, String, String)>> {
+        let name = claim["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        let results = self.allocated("default", &name)?;
+        ensure!(results.len() == count, "{} results for {count}: {results:#?}", results.len());
+        let mut out = Vec::new();
+        for r in &results {
+            ensure!(r["pool"] == MIG_NODE, "{r}");
+            let device = r["device"].as_str().unwrap_or_default();
+            let (parent, _) = device.split_once("-mig-").with_context(|| format!("{device} is no MIG device"))?;
+            let card =
+                cards.iter().find(|c| c.node == MIG_NODE && c.device == parent).with_context(|| format!("no card {parent}"))?;
+            ensure!(cards.iter().any(|c| c.node == MIG_NODE && c.device == device), "{device} is not published");
+            out.push((card.clone(), device.to_owned(), r["request"].as_str().unwrap_or_default().to_owned()));
+        }
+        Ok(out)
+    }
+
     fn metrics(&self) -> anyhow::Result<String> {
         use std::io::Read as _;
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port))?;
@@ -260,7 +300,8 @@ const VOLCANO_RESOURCES: &[&str] =
 fn check_request(claim: &Value, want: Ask, selectors: &[&str], cards: &[Card]) -> anyhow::Result<()> {
     let devices = &claim["spec"]["devices"];
     let requests = devices["requests"].as_array().context("no requests")?;
-    let models: BTreeSet<(&str, u64)> = cards.iter().map(|c| (c.product.as_str(), c.memory)).collect();
+    // The card models of the class: MIG devices are not cards.
+    let models: BTreeSet<(&str, u64)> = cards.iter().filter(|c| !c.mig).map(|c| (c.product.as_str(), c.memory)).collect();
     let per_card = matches!(want.memory, Mem::Percent(_)) && want.count > 1 && models.len() > 1;
     let names: Vec<String> = if per_card { (0..want.count).map(|i| format!("gpu-{i}")).collect() } else { vec!["gpu".into()] };
     let got: Vec<&str> = requests.iter().filter_map(|r| r["name"].as_str()).collect();
@@ -408,7 +449,6 @@ struct Example {
     warnings: &'static [&'static str],
 }
 
-const WARN_VGPU_MODE: &str = "Warning: annotation nvidia.com/vgpu-mode is ignored: the device class decides the sharing mode; this annotation does not apply";
 const WARN_GPU_POLICY: &str = "Warning: annotation hami.io/gpu-scheduler-policy is ignored: kube-scheduler picks the card";
 const WARN_NODE_POLICY: &str = "Warning: annotation hami.io/node-scheduler-policy is ignored: kube-scheduler scores the nodes";
 
@@ -438,17 +478,16 @@ const EXAMPLES: &[Example] = &[
         selectors: &[],
         warnings: &[],
     },
-    // MIG mode and HAMi's card policy have no DRA meaning: warned, then HAMi-core shares of 8000
-    // MiB on two cards, cores HAMi's defaultCores (0) as memory is given.
+    // HAMi's vgpu-mode hami-core is what a pod without it gets: shares of whole cards.
     Example {
-        file: "dynamic_mig_example.yaml",
-        name: "dynamic-mig",
+        file: "HAMi's docs: nvidia.com/vgpu-mode: hami-core",
+        name: "hami-core-mode",
         node: NODE,
-        annotations: "nvidia.com/vgpu-mode: mig, hami.io/gpu-scheduler-policy: binpack",
-        limits: "nvidia.com/gpu: 2, nvidia.com/gpumem: 8000",
-        want: ask(2, Mem::Mib(8000), 0),
+        annotations: "nvidia.com/vgpu-mode: hami-core",
+        limits: "nvidia.com/gpu: 1, nvidia.com/gpumem: 3000",
+        want: ask(1, Mem::Mib(3000), 0),
         selectors: &[],
-        warnings: &[WARN_VGPU_MODE, WARN_GPU_POLICY],
+        warnings: &[],
     },
     Example {
         file: "specify_scheduling_policy.yaml",
@@ -612,17 +651,16 @@ fn hami_examples() -> anyhow::Result<()> {
     bed.node(TYPES_NODE, TYPES)?;
     bed.node(UUIDS_NODE, "4xTesla T4:15Gi")?;
     bed.node(SHARE_NODE, "1xTesla T4:15Gi")?;
-    let cards = bed.cards(24 + 6 + 4 + 1)?;
+    let mig_config = bed.plane.dir().join("mig-device-config.yaml");
+    std::fs::write(&mig_config, MIG_GROUPS)?;
+    let mig_flags = ["--dynamic-mig=listed".to_owned(), format!("--config={}", mig_config.display())];
+    bed.node_with(MIG_NODE, MIG_CARDS, &mig_flags)?;
+    let cards = bed.cards(24 + 6 + 4 + 1 + MIG_NODE_DEVICES)?;
     let mut kubelet = kubelet(&dirs);
     bed.start_webhook(&[], &gpu_pod("probe", "default", &on(NODE), "", "nvidia.com/gpu: 1"))?;
     let kubectl = bed.kubectl.clone();
 
-    // mirrors examples/nvidia/mig_example.yaml: MIG resources are denied by container and
-    // resource, and nothing is created.
-    let err = bed.create(&gpu_pod("mig-example", "default", "", "", "nvidia.com/mig-3g.20gb: 1")).expect_err("MIG").to_string();
-    let want = r#"denied the request: container "cuda": nvidia.com/mig-3g.20gb: MIG devices are not supported by vgpu-dra yet"#;
-    ensure!(err.contains(want), "{err}");
-    ensure!(kubectl.run(&["get", "pod", "mig-example", "-n", "default", "-o", "name"]).is_err(), "the MIG pod exists");
+    mig_examples(&mut bed, &cards)?;
 
     // The UUID examples name the node's last card (to use) and its first (not to use), so the
     // allocator's first choice is wrong for both.
@@ -679,7 +717,107 @@ fn hami_examples() -> anyhow::Result<()> {
     ensure!(sharing[0] == sharing[1], "use_sharing_card.yaml: {sharing:?}");
 
     let text = bed.metrics()?;
-    ensure!(text.contains("vgpu_dra_webhook_denials_total{reason=\"mig\"} 1"), "{text}");
+    for reason in ["vgpu_mode", "unknown_mig_profile"] {
+        ensure!(text.contains(&format!("vgpu_dra_webhook_denials_total{{reason=\"{reason}\"}} 1")), "{text}");
+    }
+    Ok(())
+}
+
+// ---- MIG: examples/nvidia/mig_example.yaml and dynamic_mig_example.yaml ---------------------
+
+/// The node offering dynamic MIG: two A800-80GB cards and an A100-40GB in MIG mode, as
+/// integration/tests/dynamic_mig.rs runs the driver (`--dynamic-mig listed`).
+const MIG_NODE: &str = "gpu-mig";
+const MIG_CARDS: &str = "2xNVIDIA A800-SXM4-80GB:80Gi:mig,1xNVIDIA A100-SXM4-40GB:40Gi:mig";
+/// Source document 001's groups for the A800 (1g.10gb, 2g.20gb, 3g.40gb, 7g.79gb: no 1g.20gb), and
+/// the 3g.20gb that HAMi's mig_example.yaml asks for on the A100-40GB.
+const MIG_GROUPS: &str = "nvidia:\n  knownMigGeometries:\n  - models: [\"A800-SXM4-80GB\"]\n    allowedGeometries:\n    - group: group1\n      geometries:\n      - {name: 1g.10gb, memory: 10240, count: 7}\n    - group: group2\n      geometries:\n      - {name: 2g.20gb, memory: 20480, count: 3}\n      - {name: 1g.10gb, memory: 10240, count: 1}\n    - group: group3\n      geometries:\n      - {name: 3g.40gb, memory: 40960, count: 2}\n    - group: group4\n      geometries:\n      - {name: 7g.79gb, memory: 80896, count: 1}\n  - models: [\"A100-SXM4-40GB\"]\n    allowedGeometries:\n    - group: group1\n      geometries:\n      - {name: 3g.20gb, memory: 20480, count: 2}\n";
+/// Devices the MIG node publishes: per A800 its whole card and 7 + 3 + 2 + 1 placements, for the
+/// A100-40GB its whole card and the two placements of 3g.20gb.
+const MIG_NODE_DEVICES: usize = 2 * (1 + 7 + 3 + 2 + 1) + (1 + 2);
+
+/// HAMi's MIG examples through the webhook: the claim the resource claim controller makes and
+/// the instance the scheduler gives it; and what is refused.
+fn mig_examples(bed: &mut Bed, cards: &[Card]) -> anyhow::Result<()> {
+    // mirrors examples/nvidia/mig_example.yaml: one instance of the profile named, here the
+    // A100-40GB's 3g.20gb.
+    let stderr = bed.create(&gpu_pod("mig-example", "default", &on(MIG_NODE), "", "nvidia.com/mig-3g.20gb: 1"))?;
+    ensure!(!stderr.contains("Warning:"), "{stderr}");
+    let claim = bed.claim_of("default", "mig-example", "cuda", &["nvidia.com/mig-3g.20gb"])?;
+    let requests = &claim["spec"]["devices"]["requests"];
+    ensure!(requests[0]["name"] == "mig-3g-20gb", "{requests:#}");
+    let exactly = &requests[0]["exactly"];
+    ensure!(exactly["deviceClassName"] == MIG_CLASS && exactly["count"] == 1, "{requests:#}");
+    let cel = exactly["selectors"][0]["cel"]["expression"].as_str().unwrap_or_default();
+    ensure!(cel.contains(r#".profile == "3g.20gb""#), "{cel}");
+    let placed = bed.mig_allocation(&claim, 1, cards)?;
+    ensure!(placed[0].1.contains("-mig-3g-20gb-") && placed[0].0.product == "NVIDIA A100-SXM4-40GB", "{placed:?}");
+
+    // mirrors examples/nvidia/dynamic_mig_example.yaml: MIG mode, two instances holding 8000 MiB
+    // each, on two distinct cards (HAMi's N cards): the smallest profile, 1g.10gb, on each A800.
+    // HAMi's card policy still has no DRA meaning and is warned; the mode is not.
+    let annotations = "nvidia.com/vgpu-mode: mig, hami.io/gpu-scheduler-policy: binpack";
+    let stderr =
+        bed.create(&gpu_pod("dynamic-mig", "default", &on(MIG_NODE), annotations, "nvidia.com/gpu: 2, nvidia.com/gpumem: 8000"))?;
+    ensure!(stderr.contains(WARN_GPU_POLICY) && !stderr.contains("vgpu-mode"), "{stderr}");
+    let claim = bed.claim_of("default", "dynamic-mig", "cuda", HAMI_RESOURCES)?;
+    check_mig_request(&claim, 2, 8000)?;
+    let placed = bed.mig_allocation(&claim, 2, cards)?;
+    ensure!(placed.iter().all(|(_, device, sub)| device.contains("-mig-1g-10gb-") && sub == "gpu/mig-profile-19"), "{placed:?}");
+    ensure!(placed[0].0.device != placed[1].0.device, "two instances of one card: {placed:?}");
+
+    // The issue's scheduler check through the webhook: 9000 MiB gets a 1g.10gb, 15000 MiB a
+    // 2g.20gb (1g.20gb, listed before it, is not among 001's groups).
+    for (pod, mib, profile) in [("mig-9000", 9000, "1g-10gb"), ("mig-15000", 15000, "2g-20gb")] {
+        let limits = format!("nvidia.com/gpu: 1, nvidia.com/gpumem: {mib}");
+        bed.create(&gpu_pod(pod, "default", &on(MIG_NODE), "nvidia.com/vgpu-mode: mig", &limits))?;
+        let claim = bed.claim_of("default", pod, "cuda", HAMI_RESOURCES)?;
+        check_mig_request(&claim, 1, mib)?;
+        let placed = bed.mig_allocation(&claim, 1, cards)?;
+        ensure!(placed[0].1.contains(&format!("-mig-{profile}-")), "{pod}: {placed:?}");
+    }
+
+    // Refused, naming what is wrong, and nothing created: a mode vgpu-dra does not serve, a
+    // profile no card has.
+    let err = bed
+        .create(&gpu_pod("mps-mode", "default", &on(MIG_NODE), "nvidia.com/vgpu-mode: mps", "nvidia.com/gpu: 1"))
+        .expect_err("mps")
+        .to_string();
+    ensure!(
+        err.contains(
+            r#"denied the request: annotation nvidia.com/vgpu-mode: "mps" is not a mode vgpu-dra serves; write "hami-core""#
+        ),
+        "{err}"
+    );
+    let err = bed
+        .create(&gpu_pod("mig-unknown", "default", &on(MIG_NODE), "", "nvidia.com/mig-9g.99gb: 1"))
+        .expect_err("unknown profile")
+        .to_string();
+    ensure!(err.contains(r#"denied the request: container "cuda": nvidia.com/mig-9g.99gb: no card vgpu-dra knows"#), "{err}");
+    for pod in ["mps-mode", "mig-unknown"] {
+        ensure!(bed.kubectl.run(&["get", "pod", pod, "-n", "default", "-o", "name"]).is_err(), "{pod} exists");
+    }
+    Ok(())
+}
+
+/// A `vgpu-mode: mig` claim: one request `gpu` listing the GI profiles smallest first (those
+/// holding `mib` on some card), each `count` devices of the MIG class whose memory covers `mib`,
+/// on distinct cards when more than one.
+fn check_mig_request(claim: &Value, count: u64, mib: u64) -> anyhow::Result<()> {
+    let devices = &claim["spec"]["devices"];
+    ensure!(devices["requests"].as_array().map(Vec::len) == Some(1) && devices["requests"][0]["name"] == "gpu", "{devices:#}");
+    let subs = devices["requests"][0]["firstAvailable"].as_array().context("no firstAvailable")?;
+    let ids: Vec<&str> = subs.iter().filter_map(|s| s["name"].as_str()?.strip_prefix("mig-profile-")).collect();
+    ensure!(ids.first() == Some(&"19") && ids.last() == Some(&"0") && ids.len() == subs.len(), "{devices:#}");
+    for sub in subs {
+        ensure!(sub["deviceClassName"] == MIG_CLASS && sub["count"] == count && sub.get("capacity").is_none(), "{devices:#}");
+        let cel = sub["selectors"][0]["cel"]["expression"].as_str().unwrap_or_default();
+        ensure!(cel.contains(&format!(r#"memory.compareTo(quantity("{mib}Mi")) >= 0"#)), "{cel}");
+    }
+    if count > 1 {
+        ensure!(devices["constraints"][0]["distinctAttribute"] == format!("{DRIVER}/parentUUID"), "{devices:#}");
+    }
+    ensure!(devices.get("config").is_none(), "no HAMi-core configuration for a MIG instance: {devices:#}");
     Ok(())
 }
 

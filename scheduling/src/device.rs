@@ -93,7 +93,7 @@ pub fn publish(inventory: &Inventory, config: &SharingConfig) -> Vec<PublishedDe
                         uuid: mig.uuid.clone(),
                         minor: gpu.minor,
                         attributes: attrs,
-                        capacity: capacities(mig.memory_bytes, config),
+                        capacity: share_capacities(mig.memory_bytes, config),
                         health: gpu.health,
                     });
                 }
@@ -106,7 +106,7 @@ pub fn publish(inventory: &Inventory, config: &SharingConfig) -> Vec<PublishedDe
                     uuid: gpu.uuid.clone(),
                     minor: gpu.minor,
                     attributes: attrs,
-                    capacity: capacities(gpu.memory_bytes, config),
+                    capacity: share_capacities(gpu.memory_bytes, config),
                     health: gpu.health,
                 });
             }
@@ -156,7 +156,9 @@ pub const MIN_CORES: Quantity = Quantity::from_milli(1);
 /// rounded down to whole MiB so that the 1Mi step grid ends exactly at the total. Cores step by
 /// [`MIN_CORES`] from [`MIN_CORES`]: the scheduler rounds on whole values, so a request of 30
 /// consumes exactly 30, and only a request below the minimum consumes the minimum.
-fn capacities(memory_bytes: u64, config: &SharingConfig) -> BTreeMap<String, Capacity> {
+/// The capacities of a device shared through HAMi-core with `memory_bytes` of memory: memory,
+/// cores and the split count, each with the request policy HAMi DRA publishes.
+pub fn share_capacities(memory_bytes: u64, config: &SharingConfig) -> BTreeMap<String, Capacity> {
     let mib = Quantity::from_bytes(MIB);
     let memory = config.memory_scaling.apply(Quantity::from_bytes(memory_bytes / MIB * MIB), mib);
     let one = Quantity::from_int(1, Format::DecimalSI);

@@ -53,6 +53,10 @@ pub struct WebhookArgs {
     /// DeviceClass of the converted requests [default: the driver name].
     #[arg(long, env = "VGPU_DRA_DEVICE_CLASS")]
     pub device_class: Option<String>,
+    /// DeviceClass of the converted MIG requests (`nvidia.com/vgpu-mode: mig`,
+    /// `nvidia.com/mig-<profile>`): the driver's dynamic-MIG devices [default: mig.<device class>].
+    #[arg(long, env = "VGPU_DRA_MIG_DEVICE_CLASS")]
+    pub mig_device_class: Option<String>,
     /// DRA driver name whose ResourceSlices and attributes the claims use [default: the config
     /// file's driverName, else hami-core-gpu.project-hami.io].
     #[arg(long, env = "VGPU_DRA_DRIVER_NAME")]
@@ -90,6 +94,10 @@ pub struct WebhookArgs {
     /// pod).
     #[arg(long, env = "VGPU_DRA_WEBHOOK_STRICT_FIT", default_value_t = false, action = clap::ArgAction::Set)]
     pub strict_fit: bool,
+    /// A pod without `vgpu-mode` asking one card and a memory amount may get a MIG instance when
+    /// no share fits on the node (HAMi's fit between the modes); off: shares only.
+    #[arg(long, env = "VGPU_DRA_WEBHOOK_UNANNOTATED_MIG", default_value_t = false, action = clap::ArgAction::Set)]
+    pub unannotated_mig: bool,
     /// Card models the cluster may have without a node publishing them now, as
     /// `PRODUCT NAME=MEMORY` (`NVIDIA A100-SXM4-80GB=81920Mi`; `;`-separated or repeated): a
     /// memory percentage is expressed for these too, so its pod waits for such a node.

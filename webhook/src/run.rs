@@ -169,6 +169,8 @@ pub fn settings(args: &WebhookArgs) -> Result<Vec<CompatSettings>, RunError> {
             cpu_request: Some(args.volcano_cpu_request).filter(|q| !q.is_zero()),
         },
         strict_fit: args.strict_fit,
+        mig_device_class: args.mig_device_class.clone(),
+        unannotated_mig: args.unannotated_mig,
     };
     Ok(flavours(config.as_ref(), &options))
 }
@@ -193,11 +195,11 @@ fn admission(args: &WebhookArgs, flavours: Vec<CompatSettings>, client: kube::Cl
     server::admission_router(Arc::new(admitter.with_deadline(deadline)), claims)
 }
 
-/// The DeviceClasses whose claims are charged to namespace quotas: those the name sets convert to.
+/// The DeviceClasses whose claims are charged to namespace quotas: those the name sets convert
+/// to, the MIG class included (a MIG instance is charged as a whole card until the quota charge
+/// knows profiles, so MIG is never a way around a quota).
 fn quota_classes(flavours: &[CompatSettings]) -> Vec<String> {
-    let mut classes: Vec<String> = flavours.iter().map(|f| f.device_class.clone()).collect();
-    classes.dedup();
-    classes
+    vgpu_scheduling::compat::device_classes(flavours)
 }
 
 /// One `matchConditions` expression true for an object any of `flavours` converts.
@@ -466,6 +468,25 @@ mod tests {
         let v = &flavours[1];
         assert_eq!((v.count_resource.as_str(), v.default_memory_mib), ("volcano.sh/vgpu-number", 0));
         assert_eq!(v.device_class, "shared-gpus");
+        // The MIG class follows the class, for both sets, and both are charged to quotas.
+        assert!(flavours.iter().all(|f| f.mig_device_class == "mig.shared-gpus"), "{flavours:?}");
+        assert_eq!(quota_classes(&flavours), ["shared-gpus", "mig.shared-gpus"]);
+    }
+
+    #[test]
+    fn the_mig_class_is_a_flag() {
+        let base = ["x", "--url=https://127.0.0.1:1/mutate-pods", "--namespace=vgpu"];
+        let flavours = settings(&Cli::try_parse_from(base).unwrap().args).unwrap();
+        assert!(flavours.iter().all(|f| f.mig_device_class == format!("mig.{DEFAULT_DRIVER_NAME}")));
+        let named = settings(&Cli::try_parse_from([&base[..], &["--mig-device-class=mig-gpus"]].concat()).unwrap().args).unwrap();
+        assert!(named.iter().all(|f| f.mig_device_class == "mig-gpus"), "{named:?}");
+        let classes = quota_classes(&named);
+        assert_eq!(classes, [DEFAULT_DRIVER_NAME, "mig-gpus"]);
+        assert!(registration::claim_match_condition(&classes).contains(r#""mig-gpus""#));
+        // A pod without vgpu-mode gets shares only unless asked, in both name sets.
+        assert!(flavours.iter().all(|f| !f.unannotated_mig));
+        let either = settings(&Cli::try_parse_from([&base[..], &["--unannotated-mig=true"]].concat()).unwrap().args).unwrap();
+        assert!(either.iter().all(|f| f.unannotated_mig), "{either:?}");
     }
 
     /// Issue 39, item 1: one install converts both sets; each form of file renames its own.

@@ -197,9 +197,13 @@ pub fn hand_allocated_claim(namespace: &str, name: &str, share: u32, memory: &st
 /// A claim asking `memory` and `cores` of one card through HAMi's DeviceClass, and a pod on
 /// `node` using it; for tests where the DeviceClass comes from elsewhere (the chart).
 pub fn claim_and_pod_on(name: &str, node: &str, memory: &str, cores: &str) -> String {
+    format!("{}---\n{}", claim_yaml(name, memory, cores), pod_using(name, node))
+}
+
+/// A pod `default/name` on `node` whose one container uses the claim of the same name.
+pub fn pod_using(name: &str, node: &str) -> String {
     format!(
-        r#"{}---
-apiVersion: v1
+        r#"apiVersion: v1
 kind: Pod
 metadata: {{name: {name}, namespace: default}}
 spec:
@@ -209,8 +213,7 @@ spec:
   - name: main
     image: registry.invalid/none
     resources: {{claims: [{{name: gpu}}]}}
-"#,
-        claim_yaml(name, memory, cores)
+"#
     )
 }
 

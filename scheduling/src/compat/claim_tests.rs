@@ -221,7 +221,16 @@ fn class_facts_come_from_the_drivers_slices() {
     let driver = "hami-core-gpu.project-hami.io";
     let slices = [
         slice(driver, "node-a", vec![device("hami-gpu-0", "Tesla T4", "15Gi"), device("hami-gpu-1", "Tesla T4", "15Gi")]),
-        slice(driver, "node-b", vec![device("hami-gpu-0", "NVIDIA A100-SXM4-80GB", "80Gi")]),
+        // A dynamic-MIG device is neither a card nor a model (its card is hami-gpu-0).
+        slice(
+            driver,
+            "node-b",
+            vec![device("hami-gpu-0", "NVIDIA A100-SXM4-80GB", "80Gi"), {
+                let mut mig = device("hami-gpu-0-mig-1g-10gb-0", "NVIDIA A100-SXM4-80GB", "9728Mi");
+                mig["attributes"]["type"] = json!({"string": "hami-mig"});
+                mig
+            }],
+        ),
         slice(
             driver,
             "node-b",

@@ -4,6 +4,7 @@
 use k8s_openapi::api::core::v1::Container;
 
 use super::error::CompatError;
+use super::mig_names::{MigInstances, profiles_named};
 use super::settings::{ClassFacts, CompatSettings};
 use crate::Quantity;
 
@@ -42,10 +43,13 @@ pub enum Ask {
     /// No HAMi resource: the container is left alone.
     Nothing,
     /// HAMi resources that ask for no device (a count of 0, or no count with `defaultGPUNum` 0,
-    /// or a priority alone): they are removed and nothing is requested, as HAMi gives no card.
+    /// or a priority alone, or MIG resources of 0): they are removed and nothing is requested, as
+    /// HAMi gives no card.
     NoDevice,
     /// Cards to request.
     Cards(CardRequest),
+    /// MIG instances by profile (`nvidia.com/mig-<profile>`), one entry per resource.
+    Instances(Vec<MigInstances>),
 }
 
 /// A resource value as read from a container: the limit, else the request.
@@ -58,8 +62,8 @@ struct Value {
 /// that does something a user may not expect (a zero treated as absent, a request of no card).
 ///
 /// # Errors
-/// [`CompatError`] naming the container and resource for a privileged container, MIG resources,
-/// unparseable or fractional values, values out of range, limits and requests that differ,
+/// [`CompatError`] naming the container and resource for a privileged container, a MIG
+/// resource of an unknown profile or beside other GPU resources, unparseable or fractional values, values out of range, limits and requests that differ,
 /// memory with a percentage, a count past what one claim can hold; and, only under
 /// [`CompatSettings::strict_fit`], memory larger than the largest card or a count larger than
 /// any node has now (otherwise these are warnings: the pod waits for such a node).
@@ -71,11 +75,14 @@ pub fn container_ask(
 ) -> Result<Ask, CompatError> {
     let name = container.name.as_str();
     let Some(first) = own_resources(container, settings).next() else { return Ok(Ask::Nothing) };
-    if let Some(mig) = own_resources(container, settings).find(|r| settings.is_mig(r)) {
-        return Err(CompatError::Mig { container: name.into(), resource: mig.into() });
-    }
     if container.security_context.as_ref().and_then(|s| s.privileged) == Some(true) {
         return Err(CompatError::Privileged { container: name.into(), resource: first.into() });
+    }
+    if let Some(mig) = own_resources(container, settings).find(|r| settings.is_mig(r)) {
+        if let Some(other) = own_resources(container, settings).find(|r| !settings.is_mig(r)) {
+            return Err(CompatError::MigAndCards { container: name.into(), mig: mig.into(), other: other.into() });
+        }
+        return instances(container, settings, warnings);
     }
     let read = |resource: &str| value(container, resource);
     let count = read(&settings.count_resource)?;
@@ -139,6 +146,43 @@ pub fn container_ask(
         cores: u32::try_from(cores).unwrap_or(100),
         priority,
     }))
+}
+
+/// The container's `nvidia.com/mig-<profile>` resources, each a whole count of instances of a
+/// catalogued profile; a count of 0 asks for nothing, with a warning, as `nvidia.com/gpu: 0`.
+fn instances(container: &Container, settings: &CompatSettings, warnings: &mut Vec<String>) -> Result<Ask, CompatError> {
+    let name = container.name.as_str();
+    let mut resources: Vec<&str> = own_resources(container, settings).collect();
+    resources.sort_unstable();
+    resources.dedup();
+    let mut out = Vec::new();
+    for resource in resources {
+        let suffix = resource.strip_prefix(settings.mig_resource_prefix.as_str()).unwrap_or(resource);
+        let profiles = profiles_named(suffix);
+        if profiles.is_empty() {
+            return Err(CompatError::UnknownMigProfile {
+                container: name.into(),
+                resource: resource.into(),
+                profile: suffix.into(),
+            });
+        }
+        let Some(v) = value(container, resource)? else { continue };
+        let count = whole(name, resource, &v, i64::MAX)?.unsigned_abs();
+        if count > MAX_COUNT {
+            return Err(CompatError::TooManyCards {
+                container: name.into(),
+                resource: resource.into(),
+                count,
+                max: u32::try_from(MAX_COUNT).unwrap_or(u32::MAX),
+            });
+        }
+        if count == 0 {
+            warnings.push(format!("container {name:?} asks for 0 of {resource}: it is removed and gives no MIG instance"));
+            continue;
+        }
+        out.push(MigInstances { resource: resource.into(), profiles, count: u32::try_from(count).unwrap_or(u32::MAX) });
+    }
+    Ok(if out.is_empty() { Ask::NoDevice } else { Ask::Instances(out) })
 }
 
 /// The memory a container's cards ask for, from its memory or percentage resource (at most one)

@@ -186,10 +186,16 @@ fn bad_input_is_denied_naming_container_and_resource() {
         (&[(GPU, "1"), (PRIO, "-1")], "out_of_range", "nvidia.com/priority: -1 is out of range"),
         (
             &[(GPU, "1"), ("nvidia.com/mig-3g.20gb", "1")],
-            "mig",
-            "container \"cuda\": nvidia.com/mig-3g.20gb: MIG devices are not supported",
+            "mig_and_cards",
+            "container \"cuda\" asks for nvidia.com/mig-3g.20gb and nvidia.com/gpu: a container gets MIG instances by profile or cards",
         ),
-        (&[("nvidia.com/mig-1g.10gb", "1")], "mig", "nvidia.com/mig-1g.10gb: MIG"),
+        (
+            &[("nvidia.com/mig-1c.3g.20gb", "1")],
+            "unknown_mig_profile",
+            "container \"cuda\": nvidia.com/mig-1c.3g.20gb: no card vgpu-dra knows (A100 40/80GB, A800 80GB, H100 80GB, H200 141GB) has MIG profile \"1c.3g.20gb\"",
+        ),
+        (&[("nvidia.com/mig-1g.10gb", "0.5")], "not_whole", "nvidia.com/mig-1g.10gb: 0.5 is not a whole number"),
+        (&[("nvidia.com/mig-1g.10gb", "33")], "too_many_cards", "nvidia.com/mig-1g.10gb: 33 cards is more than"),
     ];
     for (limits, reason, want) in cases {
         let e = ask_with(limits, &CompatSettings::hami(), &t4_facts()).0.unwrap_err();
@@ -283,4 +289,36 @@ fn device_config_settings_fill_names_and_defaults() {
             ..CompatSettings::volcano()
         }
     );
+}
+
+#[test]
+fn mig_resources_ask_instances_of_their_profile() {
+    let (r, warnings) = ask_with(
+        &[("nvidia.com/mig-3g.20gb", "2"), ("nvidia.com/mig-7g.79gb", "1"), ("cpu", "1")],
+        &CompatSettings::hami(),
+        &t4_facts(),
+    );
+    assert_eq!(
+        r.unwrap(),
+        Ask::Instances(vec![
+            MigInstances { resource: "nvidia.com/mig-3g.20gb".into(), profiles: vec!["3g.20gb"], count: 2 },
+            MigInstances { resource: "nvidia.com/mig-7g.79gb".into(), profiles: vec!["7g.80gb"], count: 1 },
+        ])
+    );
+    assert!(warnings.is_empty(), "{warnings:?}");
+    // Volcano's set serves the same names (its device plugin's mixed strategy is NVIDIA's).
+    let (r, _) = ask_with(&[("nvidia.com/mig-1g.10gb", "1")], &CompatSettings::volcano(), &t4_facts());
+    assert!(matches!(r.unwrap(), Ask::Instances(i) if i[0].profiles == ["1g.10gb"]));
+    let (r, warnings) = ask_with(&[("nvidia.com/mig-1g.10gb", "0")], &CompatSettings::hami(), &t4_facts());
+    assert_eq!(r.unwrap(), Ask::NoDevice);
+    assert_eq!(warnings, ["container \"cuda\" asks for 0 of nvidia.com/mig-1g.10gb: it is removed and gives no MIG instance"]);
+    let mut warnings = Vec::new();
+    let e = container_ask(
+        &privileged(container("cuda", &[("nvidia.com/mig-1g.10gb", "1")])),
+        &CompatSettings::hami(),
+        &t4_facts(),
+        &mut warnings,
+    )
+    .unwrap_err();
+    assert_eq!(e.reason(), "privileged");
 }

@@ -2,7 +2,7 @@
 
 use super::selectors::ANNOTATION_USE_TYPE;
 
-/// Why a pod is denied; every message names the container and the resource or annotation.
+/// Why a pod is denied; every message names the container and the resource, or the annotation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CompatError {
     /// The value is not a Kubernetes quantity.
@@ -109,13 +109,65 @@ pub enum CompatError {
         /// One of the resources it asks for.
         resource: String,
     },
-    /// MIG resources are not served yet.
-    #[error("container {container:?}: {resource}: MIG devices are not supported by vgpu-dra yet")]
-    Mig {
+    /// A `vgpu-mode` annotation with a value other than `hami-core` or `mig`.
+    #[error(
+        "annotation {annotation}: {value:?} is not a mode vgpu-dra serves; write \"hami-core\" (shares of whole cards under HAMi-core's limits) or \"mig\" (MIG instances)"
+    )]
+    VgpuMode {
+        /// The annotation (`nvidia.com/vgpu-mode` or `volcano.sh/vgpu-mode`).
+        annotation: String,
+        /// Its value as written.
+        value: String,
+    },
+    /// HAMi's and Volcano's `vgpu-mode` annotations ask different modes.
+    #[error("annotations {first}: {first_value:?} and {second}: {second_value:?} ask different modes; keep one")]
+    VgpuModeConflict {
+        /// The first annotation.
+        first: String,
+        /// Its value.
+        first_value: String,
+        /// The second annotation.
+        second: String,
+        /// Its value.
+        second_value: String,
+    },
+    /// `nvidia.com/mig-<profile>` naming a profile no catalogued card has.
+    #[error(
+        "container {container:?}: {resource}: no card vgpu-dra knows (A100 40/80GB, A800 80GB, H100 80GB, H200 141GB) has MIG profile {profile:?}; name one such as 1g.10gb, 2g.20gb or 3g.40gb"
+    )]
+    UnknownMigProfile {
         /// Container name.
         container: String,
         /// The MIG resource name.
         resource: String,
+        /// The profile part of the name.
+        profile: String,
+    },
+    /// In `mig` mode, more memory than any MIG instance of a catalogued card holds.
+    #[error(
+        "container {container:?}: {resource}: {bytes} bytes is more than any MIG instance holds (the largest, of an H200, holds {largest} bytes); drop the vgpu-mode annotation to ask a share of a whole card"
+    )]
+    MigMemoryTooLarge {
+        /// Container name.
+        container: String,
+        /// The memory resource name.
+        resource: String,
+        /// The memory asked.
+        bytes: u64,
+        /// The largest instance's memory.
+        largest: u64,
+    },
+    /// A container asking MIG instances by profile and shares of cards together.
+    #[error(
+        "container {container:?} asks for {mig} and {other}: a container gets MIG instances by profile or cards by count and memory, not both; put them in separate containers"
+    )]
+    MigAndCards {
+        /// Container name.
+        container: String,
+        /// The MIG resource name.
+        mig: String,
+        /// One of the other resources it asks for.
+        other: String,
     },
     /// A percentage needs the card models of the class, and none is known or selectable.
     #[error(
@@ -174,7 +226,11 @@ impl CompatError {
             Self::MemoryTooSmall { .. } => "memory_too_small",
             Self::TooManyCards { .. } => "too_many_cards",
             Self::Privileged { .. } => "privileged",
-            Self::Mig { .. } => "mig",
+            Self::VgpuMode { .. } => "vgpu_mode",
+            Self::VgpuModeConflict { .. } => "vgpu_mode_conflict",
+            Self::UnknownMigProfile { .. } => "unknown_mig_profile",
+            Self::MigMemoryTooLarge { .. } => "mig_memory_too_large",
+            Self::MigAndCards { .. } => "mig_and_cards",
             Self::NoCardModel { .. } => "no_card_model",
             Self::TooManyCardModels { .. } => "too_many_card_models",
             Self::ClaimNameTaken { .. } => "claim_name_taken",

@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
+use super::mig_names::default_mig_device_class;
 use super::settings::CompatSettings;
 use super::volcano::VolcanoSettings;
 use crate::config::DEFAULT_DRIVER_NAME;
@@ -17,10 +18,15 @@ pub struct FlavourOptions {
     pub driver: Option<String>,
     /// The DeviceClass of converted requests; the driver name when absent.
     pub device_class: Option<String>,
+    /// The DeviceClass of converted MIG requests; [`default_mig_device_class`] of the class
+    /// when absent.
+    pub mig_device_class: Option<String>,
     /// How converted pods of Volcano's scheduler keep a request Volcano counts.
     pub volcano: VolcanoSettings,
     /// [`CompatSettings::strict_fit`].
     pub strict_fit: bool,
+    /// [`CompatSettings::unannotated_mig`].
+    pub unannotated_mig: bool,
 }
 
 /// HAMi's and Volcano's name sets, both converted in one install. `config`, when given, renames
@@ -38,13 +44,16 @@ pub fn flavours(config: Option<&DeviceConfig>, options: &FlavourOptions) -> Vec<
     let from_config = config.and_then(|c| c.driver_name.as_ref()).map(|d| d.as_str().to_owned());
     let driver = options.driver.clone().or(from_config).unwrap_or_else(|| DEFAULT_DRIVER_NAME.to_owned());
     let device_class = options.device_class.clone().unwrap_or_else(|| driver.clone());
+    let mig_device_class = options.mig_device_class.clone().unwrap_or_else(|| default_mig_device_class(&device_class));
     let mut sets: Vec<CompatSettings> = Vec::new();
     for flavour in [hami, volcano] {
         let flavour = CompatSettings {
             driver: driver.clone(),
+            mig_device_class: mig_device_class.clone(),
             device_class: device_class.clone(),
             volcano: options.volcano.clone(),
             strict_fit: options.strict_fit,
+            unannotated_mig: options.unannotated_mig,
             ..flavour
         };
         if !sets.iter().any(|f| f.resource_names() == flavour.resource_names()) {
@@ -54,8 +63,20 @@ pub fn flavours(config: Option<&DeviceConfig>, options: &FlavourOptions) -> Vec<
     sets
 }
 
+/// The DeviceClasses `sets` convert into, each once: each set's class and its MIG class (what
+/// the webhook charges to quotas, and `kubectl vgpu usage` counts).
+pub fn device_classes(sets: &[CompatSettings]) -> Vec<String> {
+    let mut classes: Vec<String> = Vec::new();
+    for class in sets.iter().flat_map(|f| [&f.device_class, &f.mig_device_class]) {
+        if !classes.contains(class) {
+            classes.push(class.clone());
+        }
+    }
+    classes
+}
+
 /// The flavour to convert an object naming `names` with: the one whose names it uses, or
-/// whose MIG names it uses (to deny them). `Ok(None)`: none of ours. A denial message when
+/// whose MIG names it uses (both use NVIDIA's `nvidia.com/mig-<profile>`). `Ok(None)`: none of ours. A denial message when
 /// it names resources of two flavours: one object is converted with one set of names.
 pub fn pick<'a>(
     flavours: &'a [CompatSettings],
@@ -123,7 +144,7 @@ mod tests {
         assert_eq!(pick_for(&[("a", "volcano.sh/vgpu-memory"), ("a", "cpu")]), Ok(Some("volcano.sh/vgpu-number".into())));
         assert_eq!(pick_for(&[("a", "nvidia.com/gpucores")]), Ok(Some("nvidia.com/gpu".into())));
         assert_eq!(pick_for(&[("a", "cpu")]), Ok(None));
-        assert_eq!(pick_for(&[("a", "nvidia.com/mig-1g.10gb")]), Ok(Some("nvidia.com/gpu".into())), "MIG names, to deny them");
+        assert_eq!(pick_for(&[("a", "nvidia.com/mig-1g.10gb")]), Ok(Some("nvidia.com/gpu".into())), "MIG names");
         let mixed = pick_for(&[("a", "nvidia.com/gpu"), ("b", "volcano.sh/vgpu-number")]).unwrap_err();
         assert!(
             mixed.contains("container \"a\" asks for nvidia.com/gpu and container \"b\" for volcano.sh/vgpu-number"),

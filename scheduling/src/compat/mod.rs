@@ -14,6 +14,9 @@
 //! - no cores is `defaultCores`, or 100 (an exclusive card) when the memory is the whole card;
 //! - a percentage is of the card the scheduler picks: one `firstAvailable` subrequest per card
 //!   model the class offers;
+//! - `nvidia.com/vgpu-mode: mig` (or Volcano's `volcano.sh/vgpu-mode`) asks MIG instances of the
+//!   driver's dynamic MIG instead of shares, the smallest profile holding the memory first, and
+//!   `nvidia.com/mig-<profile>: N` asks N instances of that profile (both on the MIG class);
 //! - priority and `gpuCorePolicy` travel as opaque claim configuration ([`HamiCoreConfig`]) that
 //!   the node driver turns into HAMi-core's environment;
 //! - a converted pod of Volcano's scheduler that requests nothing else gets a minimal cpu
@@ -29,6 +32,8 @@ mod container;
 mod error;
 mod flavours;
 mod job;
+mod mig;
+mod mig_names;
 mod pod;
 mod selectors;
 mod settings;
@@ -40,8 +45,13 @@ pub use claim::{
 };
 pub use container::{Ask, CardRequest, MAX_COUNT, MemoryRequest, container_ask};
 pub use error::CompatError;
-pub use flavours::{FlavourOptions, flavours, job_resource_names, pick, pod_resource_names};
+pub use flavours::{FlavourOptions, device_classes, flavours, job_resource_names, pick, pod_resource_names};
 pub use job::{JobConversion, JobError, convert_volcano_job};
+pub use mig::{
+    ANNOTATION_VGPU_MODE, ANNOTATION_VOLCANO_VGPU_MODE, MODE_HAMI_CORE, MODE_MIG, VgpuMode, either_claim_spec,
+    instances_claim_spec, mig_claim_spec, vgpu_mode,
+};
+pub use mig_names::{MIG_DEVICE_TYPE, MigInstances, default_mig_device_class};
 pub use pod::{
     CLAIM_ENTRY_PREFIX, PodConversion, SpecConversion, claim_entry_name, convert_pod, convert_pod_spec, job_match_condition,
     pod_match_condition,

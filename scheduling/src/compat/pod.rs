@@ -6,15 +6,16 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim};
-use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceClaimTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::claim::{TEMPLATE_PREFIX, claim_spec, template_name};
 use super::container::own_resources;
-use super::container::{Ask, container_ask};
+use super::container::{Ask, CardRequest, container_ask};
 use super::error::CompatError;
+use super::mig::{VgpuMode, either_claim_spec, instances_claim_spec, mig_claim_spec, vgpu_mode};
 use super::selectors::cel_list;
 use super::selectors::{Selection, annotation_warnings, cel_string};
 use super::settings::{ClassFacts, CompatSettings};
@@ -77,6 +78,37 @@ pub fn convert_pod(pod: &Pod, settings: &CompatSettings, facts: &ClassFacts) -> 
     Ok(PodConversion { pod: out, templates: c.templates, patch: c.patch, warnings: c.warnings })
 }
 
+/// What decides the claim of a container's cards: the pod's mode and selection, the settings.
+struct ClaimKind<'a> {
+    mode: VgpuMode,
+    selection: &'a Selection,
+    settings: &'a CompatSettings,
+    facts: &'a ClassFacts,
+}
+
+impl ClaimKind<'_> {
+    /// The claim of `request`, the cards `container` asks: MIG instances in `mig` mode (with
+    /// warnings for what does not apply there), a share or an instance by fit without the
+    /// annotation under [`CompatSettings::unannotated_mig`], else shares.
+    fn cards(
+        &self,
+        container: &Container,
+        request: &CardRequest,
+        warnings: &mut Vec<String>,
+    ) -> Result<ResourceClaimTemplateSpec, CompatError> {
+        let (name, memory, selection, settings, facts) =
+            (&container.name, &self.settings.memory_resource, self.selection, self.settings, self.facts);
+        match self.mode {
+            VgpuMode::Mig => {
+                warnings.extend(mig_mode_warnings(container, settings));
+                mig_claim_spec(name, memory, request, selection, settings)
+            }
+            VgpuMode::Unset if settings.unannotated_mig => either_claim_spec(name, memory, request, selection, settings, facts),
+            VgpuMode::HamiCore | VgpuMode::Unset => claim_spec(name, request, selection, settings, facts),
+        }
+    }
+}
+
 /// Converts a pod spec whose pod carries `annotations` and is scheduled by `scheduler` (a Pod's
 /// `schedulerName`; for a Volcano Job's task, [`super::VolcanoSettings::job_pod_scheduler`]);
 /// `path` is the JSON pointer of the spec in the admitted object (`/spec` for a Pod,
@@ -94,6 +126,8 @@ pub fn convert_pod_spec(
     facts: &ClassFacts,
 ) -> Result<SpecConversion, CompatError> {
     let selection = Selection::from_annotations(annotations);
+    // A bad mode is refused only for a pod that asks for cards: others never reach the webhook.
+    let mode = vgpu_mode(annotations);
     let mut out = spec.clone();
     let mut warnings = Vec::new();
     let mut templates = BTreeMap::new();
@@ -115,42 +149,26 @@ pub fn convert_pod_spec(
             let at = format!("{path}/{field}/{index}");
             let entry = claim_entry_name(&container.name);
             check_entry(container, &entry, &existing, settings)?;
+            let spec = match &ask {
+                Ask::Cards(request) => {
+                    let kind = ClaimKind { mode: mode.clone()?, selection: &selection, settings, facts };
+                    Some(kind.cards(container, request, &mut warnings)?)
+                }
+                Ask::Instances(instances) => Some(instances_claim_spec(instances, &selection, settings)),
+                Ask::Nothing | Ask::NoDevice => None,
+            };
             let removed = strip(container, settings);
             removals.extend(removed.iter().map(|p| json!({"op": "remove", "path": format!("{at}/resources/{p}")})));
-            let Ask::Cards(request) = ask else { continue };
-            let spec = claim_spec(&container.name, &request, &selection, settings, facts)?;
+            let Some(spec) = spec else { continue };
             let name = template_name(&spec);
             templates.entry(name.clone()).or_insert_with(|| template(&name, spec));
-            let claim = ContainerClaim { name: entry.clone(), request: None };
-            let resources = container.resources.get_or_insert_with(Default::default);
-            match resources.claims.as_mut() {
-                Some(claims) => {
-                    additions.push(json!({"op": "add", "path": format!("{at}/resources/claims/-"), "value": claim}));
-                    claims.push(claim);
-                }
-                None => {
-                    additions.push(json!({"op": "add", "path": format!("{at}/resources/claims"), "value": [claim]}));
-                    resources.claims = Some(vec![claim]);
-                }
-            }
+            additions.push(use_claim(container, &at, ContainerClaim { name: entry.clone(), request: None }));
             entries.push(PodResourceClaim { name: entry, resource_claim_template_name: Some(name), ..Default::default() });
             if field == "containers" { &mut claimed.containers } else { &mut claimed.init }.push(index);
         }
     }
     out.init_containers = (had_init || !init.is_empty()).then_some(init);
-    if !entries.is_empty() {
-        match out.resource_claims.as_mut() {
-            Some(list) => {
-                additions
-                    .extend(entries.iter().map(|e| json!({"op": "add", "path": format!("{path}/resourceClaims/-"), "value": e})));
-                list.extend(entries);
-            }
-            None => {
-                additions.push(json!({"op": "add", "path": format!("{path}/resourceClaims"), "value": entries}));
-                out.resource_claims = Some(entries);
-            }
-        }
-    }
+    additions.extend(add_entries(&mut out, path, entries));
     match keep_requesting(&mut out, &claimed, scheduler, &settings.volcano, path) {
         Kept::Untouched => {}
         Kept::Added(op) => additions.push(op),
@@ -163,6 +181,65 @@ pub fn convert_pod_spec(
         warnings.splice(0..0, annotation_warnings(annotations));
     }
     Ok(SpecConversion { spec: out, templates: templates.into_values().collect(), patch, warnings })
+}
+
+/// Makes `container` (at JSON pointer `at`) use `claim`; the patch operation that does the same.
+fn use_claim(container: &mut Container, at: &str, claim: ContainerClaim) -> Value {
+    let resources = container.resources.get_or_insert_with(Default::default);
+    match resources.claims.as_mut() {
+        Some(claims) => {
+            let op = json!({"op": "add", "path": format!("{at}/resources/claims/-"), "value": claim});
+            claims.push(claim);
+            op
+        }
+        None => {
+            let op = json!({"op": "add", "path": format!("{at}/resources/claims"), "value": [claim]});
+            resources.claims = Some(vec![claim]);
+            op
+        }
+    }
+}
+
+/// Adds `entries` to the spec's resource claims (the spec at JSON pointer `path`); the patch
+/// operations that do the same.
+fn add_entries(out: &mut PodSpec, path: &str, entries: Vec<PodResourceClaim>) -> Vec<Value> {
+    if entries.is_empty() {
+        return Vec::new();
+    }
+    match out.resource_claims.as_mut() {
+        Some(list) => {
+            let ops =
+                entries.iter().map(|e| json!({"op": "add", "path": format!("{path}/resourceClaims/-"), "value": e})).collect();
+            list.extend(entries);
+            ops
+        }
+        None => {
+            let op = json!({"op": "add", "path": format!("{path}/resourceClaims"), "value": entries});
+            out.resource_claims = Some(entries);
+            vec![op]
+        }
+    }
+}
+
+/// What a `mig`-mode container asks that a MIG instance does not apply: a cores limit (the
+/// instance's compute slices are the container's alone) and a priority (HAMi-core, which acts on
+/// both, is not loaded in an instance).
+fn mig_mode_warnings(container: &Container, settings: &CompatSettings) -> Vec<String> {
+    let named: Vec<&str> = own_resources(container, settings).collect();
+    let mut out = Vec::new();
+    if named.contains(&settings.cores_resource.as_str()) {
+        out.push(format!(
+            "container {:?}: {} does not apply in MIG mode: a MIG instance's compute slices are the container's alone",
+            container.name, settings.cores_resource
+        ));
+    }
+    if let Some(priority) = settings.priority_resource.as_deref().filter(|p| named.contains(p)) {
+        out.push(format!(
+            "container {:?}: {priority} does not apply in MIG mode: HAMi-core is not loaded in a MIG instance",
+            container.name
+        ));
+    }
+    out
 }
 
 /// The pod's resource claim entry for a container: `vgpu-<container>`, or for container names
@@ -182,7 +259,7 @@ pub fn claim_entry_name(container: &str) -> String {
 }
 
 /// The `matchConditions` expression for Pods: true when any container or init container has one
-/// of `settings`' resources (or a MIG resource, to deny it) in its limits or requests.
+/// of `settings`' resources (or a MIG resource, `nvidia.com/mig-<profile>`) in its limits or requests.
 pub fn pod_match_condition(settings: &CompatSettings) -> String {
     format!("has(object.spec) && {}", spec_condition("object.spec", settings))
 }

@@ -181,10 +181,13 @@ fn annotations_become_selectors_and_warnings() {
     ];
     let input = pod("p", vec![container("cuda", &[(GPU, "1")])], &annotations);
     let conv = convert_pod(&input, &hami(), &t4_facts()).unwrap();
-    assert_eq!(conv.warnings.len(), 2, "{:?}", conv.warnings);
+    assert_eq!(conv.warnings.len(), 1, "{:?}", conv.warnings);
     let selectors =
         &conv.templates[0].spec.spec.devices.as_ref().unwrap().requests.as_ref().unwrap()[0].exactly.as_ref().unwrap().selectors;
     assert_eq!(selectors.as_ref().unwrap().len(), 1);
+    // hami-core is what a pod without the annotation gets: the same template.
+    let unset = pod("p", vec![container("cuda", &[(GPU, "1")])], &annotations[..1]);
+    assert_eq!(convert_pod(&unset, &hami(), &t4_facts()).unwrap().templates, conv.templates);
 }
 
 #[test]
@@ -229,4 +232,95 @@ fn match_conditions_mention_every_configured_name() {
     let odd = CompatSettings { count_resource: r#"x"] || true || ["#.into(), ..hami() };
     let (shape, _) = cel_skeleton(&pod_match_condition(&odd));
     assert_eq!(shape, cel_skeleton(&pod_expr).0);
+}
+
+/// HAMi's examples/nvidia/dynamic_mig_example.yaml: `vgpu-mode: mig`, two cards of 8000 MiB.
+#[test]
+fn mig_mode_asks_instances_on_the_mig_class() {
+    let annotations = [("nvidia.com/vgpu-mode", "mig"), ("hami.io/gpu-scheduler-policy", "binpack")];
+    let input = pod("p", vec![container("cuda", &[(GPU, "2"), (MEM, "8000"), (CORES, "30"), (PRIO, "1")])], &annotations);
+    let conv = convert_pod(&input, &hami(), &t4_facts()).unwrap();
+    assert_patch_matches(&input, &conv);
+    let devices = serde_json::to_value(&conv.templates[0].spec.spec.devices).unwrap();
+    let subs = devices["requests"][0]["firstAvailable"].as_array().unwrap();
+    assert!(subs.iter().all(|s| s["deviceClassName"] == "mig.hami-core-gpu.project-hami.io" && s["count"] == 2), "{devices}");
+    assert!(subs[0]["selectors"][0]["cel"]["expression"].as_str().unwrap().contains(r#"compareTo(quantity("8000Mi")) >= 0"#));
+    assert_eq!(devices["constraints"][0]["distinctAttribute"], "hami-core-gpu.project-hami.io/parentUUID");
+    assert!(devices.get("config").is_none(), "{devices}");
+    let resources = serde_json::to_value(&conv.pod.spec.as_ref().unwrap().containers[0].resources).unwrap();
+    assert_eq!(resources, json!({"claims": [{"name": "vgpu-cuda"}]}));
+    // The card policy warns as before; cores and priority say why they do not apply.
+    assert_eq!(conv.warnings.len(), 3, "{:?}", conv.warnings);
+    assert!(conv.warnings[0].starts_with("annotation hami.io/gpu-scheduler-policy is ignored"));
+    assert!(conv.warnings[1].starts_with("container \"cuda\": nvidia.com/gpucores does not apply in MIG mode"));
+    assert!(conv.warnings[2].starts_with("container \"cuda\": nvidia.com/priority does not apply in MIG mode"));
+    // The same pod without the annotation gets shares of whole cards, as before.
+    let shares = convert_pod(&pod("p", input.spec.clone().unwrap().containers, &[]), &hami(), &t4_facts()).unwrap();
+    let exactly = serde_json::to_value(&shares.templates[0].spec.spec.devices).unwrap()["requests"][0]["exactly"].clone();
+    assert_eq!(exactly["deviceClassName"], "hami-core-gpu.project-hami.io");
+    assert_ne!(shares.templates[0].metadata.name, conv.templates[0].metadata.name);
+}
+
+#[test]
+fn with_unannotated_mig_only_a_pod_without_the_annotation_may_land_on_an_instance() {
+    let settings = CompatSettings { unannotated_mig: true, ..hami() };
+    let containers = vec![container("cuda", &[(GPU, "1"), (MEM, "9000"), (CORES, "30")])];
+    let kinds = |annotations: &[(&str, &str)], settings: &CompatSettings| {
+        let conv = convert_pod(&pod("p", containers.clone(), annotations), settings, &t4_facts()).unwrap();
+        let devices = serde_json::to_value(&conv.templates[0].spec.spec.devices).unwrap();
+        match devices["requests"][0]["firstAvailable"].as_array() {
+            Some(subs) => subs.iter().map(|s| s["name"].as_str().unwrap().to_owned()).collect::<Vec<_>>(),
+            None => vec!["exactly".to_owned()],
+        }
+    };
+    let either = kinds(&[], &settings);
+    assert_eq!(either[0], "share", "{either:?}");
+    assert!(either[1..].iter().all(|n| n.starts_with("mig-profile-")) && either.len() > 1, "{either:?}");
+    // The annotation still decides where given; off, nothing changes.
+    assert_eq!(kinds(&[("nvidia.com/vgpu-mode", "hami-core")], &settings), ["exactly"]);
+    assert!(kinds(&[("nvidia.com/vgpu-mode", "mig")], &settings).iter().all(|n| n.starts_with("mig-profile-")));
+    assert_eq!(kinds(&[], &hami()), ["exactly"]);
+}
+
+/// HAMi's examples/nvidia/mig_example.yaml: `nvidia.com/mig-3g.20gb: 1`.
+#[test]
+fn mig_resources_become_a_claim_for_their_profile() {
+    let input = pod("p", vec![container("cuda", &[("nvidia.com/mig-3g.20gb", "1")])], &[]);
+    let conv = convert_pod(&input, &hami(), &t4_facts()).unwrap();
+    assert_patch_matches(&input, &conv);
+    let devices = serde_json::to_value(&conv.templates[0].spec.spec.devices).unwrap();
+    assert_eq!(devices["requests"][0]["name"], "mig-3g-20gb");
+    assert_eq!(devices["requests"][0]["exactly"]["deviceClassName"], "mig.hami-core-gpu.project-hami.io");
+    assert!(conv.warnings.is_empty(), "{:?}", conv.warnings);
+    // Unknown profiles are refused by container and resource; nothing is converted.
+    let bad = pod("p", vec![container("cuda", &[("nvidia.com/mig-9g.99gb", "1")])], &[]);
+    let e = convert_pod(&bad, &hami(), &t4_facts()).unwrap_err();
+    assert_eq!(e.reason(), "unknown_mig_profile");
+    assert!(e.to_string().starts_with("container \"cuda\": nvidia.com/mig-9g.99gb: "), "{e}");
+}
+
+#[test]
+fn a_bad_mode_is_refused_only_where_cards_are_converted() {
+    let mode = [("nvidia.com/vgpu-mode", "mps")];
+    let e = convert_pod(&pod("p", vec![container("cuda", &[(GPU, "1")])], &mode), &hami(), &t4_facts()).unwrap_err();
+    assert_eq!(e.reason(), "vgpu_mode");
+    assert!(e.to_string().starts_with("annotation nvidia.com/vgpu-mode: \"mps\" is not a mode vgpu-dra serves"), "{e}");
+    let untouched = convert_pod(&pod("p", vec![container("cuda", &[("cpu", "1")])], &mode), &hami(), &t4_facts()).unwrap();
+    assert!(!untouched.changed());
+    // MIG instances by profile do not depend on the mode.
+    let by_profile = pod("p", vec![container("cuda", &[("nvidia.com/mig-1g.10gb", "1")])], &mode);
+    assert!(convert_pod(&by_profile, &hami(), &t4_facts()).unwrap().changed());
+}
+
+#[test]
+fn volcano_pods_take_volcanos_mode_annotation() {
+    let spec = pod("t", vec![container("worker", &[("volcano.sh/vgpu-number", "1"), ("volcano.sh/vgpu-memory", "9000")])], &[])
+        .spec
+        .unwrap();
+    let mode = annotations(&[("volcano.sh/vgpu-mode", "mig")]);
+    let conv = convert_pod_spec(&mode, &spec, Some("volcano"), "/spec", &CompatSettings::volcano(), &t4_facts()).unwrap();
+    let devices = serde_json::to_value(&conv.templates[0].spec.spec.devices).unwrap();
+    let first = &devices["requests"][0]["firstAvailable"][0];
+    assert_eq!(first["deviceClassName"], "mig.hami-core-gpu.project-hami.io");
+    assert!(first["selectors"][0]["cel"]["expression"].as_str().unwrap().contains("migProfileId == 19"), "{first}");
 }

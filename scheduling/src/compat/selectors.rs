@@ -17,7 +17,6 @@ pub const ANNOTATION_NOUSE_UUID: &str = "nvidia.com/nouse-gpuuuid";
 pub const IGNORED_ANNOTATIONS: &[(&str, &str)] = &[
     ("hami.io/gpu-scheduler-policy", "kube-scheduler picks the card; HAMi's binpack/spread card policy does not apply"),
     ("hami.io/node-scheduler-policy", "kube-scheduler scores the nodes; HAMi's binpack/spread node policy does not apply"),
-    ("nvidia.com/vgpu-mode", "the device class decides the sharing mode; this annotation does not apply"),
     ("nvidia.com/numa-bind", "NUMA binding of cards is not expressed in the claim; this annotation does not apply"),
 ];
 
@@ -72,9 +71,15 @@ impl Selection {
 
     /// The CEL selectors on `driver`'s device attributes, one per annotation given.
     pub fn selectors(&self, driver: &str) -> Vec<String> {
+        self.selectors_on(driver, "uuid")
+    }
+
+    /// [`Self::selectors`] with the card's UUID read from attribute `uuid_attribute`: a MIG
+    /// device carries its card's in `parentUUID`, and the UUID annotations name cards.
+    pub fn selectors_on(&self, driver: &str, uuid_attribute: &str) -> Vec<String> {
         let attr = |name: &str| format!("device.attributes[{}].{name}", cel_string(driver));
         let product = attr("productName");
-        let uuid = attr("uuid");
+        let uuid = attr(uuid_attribute);
         let type_match = |types: &[String]| {
             format!(
                 "has({product}) && {}.exists(t, ({} + {product}).lowerAscii().contains(t))",

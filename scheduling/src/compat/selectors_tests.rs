@@ -124,9 +124,9 @@ fn annotations_without_dra_meaning_warn() {
         ("nvidia.com/vgpu-mode", "hami-core"),
         ("nvidia.com/use-gputype", "A100"),
     ]));
-    assert_eq!(w.len(), 3, "{w:?}");
+    // vgpu-mode has a meaning now (mig.rs): no warning.
+    assert_eq!(w.len(), 2, "{w:?}");
     assert!(w[0].starts_with("annotation hami.io/gpu-scheduler-policy is ignored: "));
     assert!(w[1].starts_with("annotation hami.io/node-scheduler-policy is ignored: "));
-    assert!(w[2].starts_with("annotation nvidia.com/vgpu-mode is ignored: "));
     assert!(annotation_warnings(&annotations(&[("other", "x")])).is_empty());
 }

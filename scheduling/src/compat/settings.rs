@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceSlice};
 
+use super::mig_names::{MIG_DEVICE_TYPE, default_mig_device_class};
 use super::volcano::VolcanoSettings;
 use crate::Quantity;
 use crate::config::DEFAULT_DRIVER_NAME;
@@ -50,7 +51,8 @@ pub struct CompatSettings {
     pub cores_resource: String,
     /// HAMi-core task priority (`resourcePriorityName`); `None` where the flavour has none.
     pub priority_resource: Option<String>,
-    /// Prefix of MIG resource names, denied until MIG sharing is supported.
+    /// Prefix of the MIG resources of NVIDIA's device plugin (`nvidia.com/mig-<profile>`), each
+    /// converted into instances of its profile on [`Self::mig_device_class`].
     pub mig_resource_prefix: String,
     /// Memory when none is asked, MiB (`defaultMemory`); 0 means the whole card.
     pub default_memory_mib: u64,
@@ -64,6 +66,9 @@ pub struct CompatSettings {
     pub core_policy: CorePolicy,
     /// DeviceClass of the converted requests.
     pub device_class: String,
+    /// DeviceClass of the driver's dynamic-MIG devices (`type: hami-mig`), for `vgpu-mode: mig`
+    /// and `nvidia.com/mig-<profile>`; [`default_mig_device_class`] of the class by default.
+    pub mig_device_class: String,
     /// Driver name: the domain of the device attributes and capacities the claims select on.
     pub driver: String,
     /// How converted pods of Volcano's scheduler keep a request Volcano counts.
@@ -72,6 +77,10 @@ pub struct CompatSettings {
     /// node, more memory than the largest card). Off by default: such a pod is admitted with a
     /// warning and waits, as HAMi leaves it pending, until a node that fits joins.
     pub strict_fit: bool,
+    /// A pod without `vgpu-mode` asking one card and a memory amount may land on a share or, when
+    /// no share fits on the node, on a MIG instance: HAMi's fit between the modes. Off by
+    /// default (shares only): see [`super::mig::either_claim_spec`].
+    pub unannotated_mig: bool,
 }
 
 impl Default for CompatSettings {
@@ -97,9 +106,11 @@ impl CompatSettings {
             memory_factor: 1,
             core_policy: CorePolicy::Default,
             device_class: DEFAULT_DRIVER_NAME.into(),
+            mig_device_class: default_mig_device_class(DEFAULT_DRIVER_NAME),
             driver: DEFAULT_DRIVER_NAME.into(),
             volcano: VolcanoSettings::default(),
             strict_fit: false,
+            unannotated_mig: false,
         };
         base.with_device_config(&HamiRequestSettings::default())
     }
@@ -153,12 +164,12 @@ impl CompatSettings {
         names
     }
 
-    /// Whether `name` is one this flavour converts or denies (MIG).
+    /// Whether `name` is one this flavour converts, MIG resources included.
     pub fn is_own_resource(&self, name: &str) -> bool {
         self.resource_names().contains(&name) || self.is_mig(name)
     }
 
-    /// Whether `name` is a MIG resource.
+    /// Whether `name` is a MIG resource (`nvidia.com/mig-<profile>`).
     pub fn is_mig(&self, name: &str) -> bool {
         !self.mig_resource_prefix.is_empty() && name.starts_with(&self.mig_resource_prefix)
     }
@@ -216,15 +227,21 @@ impl ClassFacts {
 
     /// Facts from the ResourceSlices of `driver`: one model per distinct (productName, memory),
     /// and the largest device count of one pool (a pool is a node). Devices without a
-    /// `productName` or `memory` are counted but offer no model.
+    /// `productName` or `memory` are counted but offer no model. Dynamic-MIG devices (`type:
+    /// hami-mig`, one per profile and placement of a card) are neither: they are not cards, and
+    /// their card is counted by its whole-card device.
     pub fn from_slices(slices: &[ResourceSlice], driver: &str) -> Self {
         let mut models = BTreeSet::new();
         let mut per_pool: BTreeMap<&str, u32> = BTreeMap::new();
         for slice in slices.iter().filter(|s| s.spec.driver == driver) {
             let devices = slice.spec.devices.as_deref().unwrap_or_default();
+            let cards: Vec<_> = devices
+                .iter()
+                .filter(|d| d.attributes.as_ref().and_then(|a| attribute(a, driver, "type")).as_deref() != Some(MIG_DEVICE_TYPE))
+                .collect();
             let count = per_pool.entry(slice.spec.pool.name.as_str()).or_default();
-            *count = count.saturating_add(u32::try_from(devices.len()).unwrap_or(u32::MAX));
-            for device in devices {
+            *count = count.saturating_add(u32::try_from(cards.len()).unwrap_or(u32::MAX));
+            for device in cards {
                 let product = device.attributes.as_ref().and_then(|a| attribute(a, driver, "productName"));
                 let memory = device
                     .capacity
