@@ -42,6 +42,20 @@ pub enum Command {
     /// HAMi or Volcano manifests (-f) converted as the webhook converts them, without a cluster;
     /// without -f, the cluster's workloads that still use those resources (`kubectl vgpu convert`).
     Convert(vgpu_dra_cli::ConvertArgs),
+    /// Hardware check: create and destroy one MIG instance on a card already in MIG mode.
+    #[command(hide = true)]
+    MigCheck(MigCheckArgs),
+}
+
+/// Arguments of `vgpu-dra mig-check`.
+#[derive(Debug, clap::Args)]
+pub struct MigCheckArgs {
+    /// The card's GPU UUID (`nvidia-smi -L`); it must already be in MIG mode.
+    #[arg(long, env = "VGPU_DRA_MIG_CHECK_CARD")]
+    pub card: String,
+    /// The GPU-instance profile id to create (19 is the smallest, `1g`).
+    #[arg(long, env = "VGPU_DRA_MIG_CHECK_PROFILE", default_value_t = 19)]
+    pub profile: u32,
 }
 
 /// Arguments of `vgpu-dra prepare-preview`.
@@ -83,6 +97,10 @@ pub struct SourceArgs {
     /// every poll so cards and health can be changed by editing it.
     #[arg(long, env = "VGPU_DRA_MOCK_INVENTORY")]
     pub mock_inventory: Option<PathBuf>,
+    /// With a mock: the file the MIG simulator keeps its instances in, so they outlive the
+    /// process as a card's do (tests of crash recovery); without it they live in memory.
+    #[arg(long, env = "VGPU_DRA_MOCK_MIG_STATE", hide = true)]
+    pub mock_mig_state: Option<PathBuf>,
 }
 
 /// The sharing configuration flags; each wins over the config file.
@@ -112,9 +130,13 @@ pub struct ConfigArgs {
     pub filter_indices: Vec<u32>,
     /// Which cards in MIG mode offer dynamic MIG (a device per profile placement, the
     /// instance made at prepare): `listed` = models the config's knownMigGeometries or
-    /// migProfileAllowlist name. Preview: instances are not created yet (issue #36).
+    /// migProfileAllowlist name.
     #[arg(long, env = "VGPU_DRA_DYNAMIC_MIG", value_enum, default_value = "off")]
     pub dynamic_mig: DynamicMig,
+    /// Let several claims share one dynamic MIG instance, each with HAMi-core limits inside it
+    /// (placement devices then publish memory, cores and shares like a whole card).
+    #[arg(long, env = "VGPU_DRA_MIG_INSTANCE_SHARING", default_value_t = false, action = clap::ArgAction::Set)]
+    pub mig_instance_sharing: bool,
 }
 
 impl ConfigArgs {
@@ -137,7 +159,12 @@ impl ConfigArgs {
 
     /// What decides dynamic MIG, from `--dynamic-mig` and the file `resolved` read.
     pub fn mig(&self, resolved: &config::Resolved) -> MigSettings {
-        MigSettings { mode: self.dynamic_mig, config: resolved.file.mig.clone() }
+        MigSettings {
+            mode: self.dynamic_mig,
+            config: resolved.file.mig.clone(),
+            shared_instances: self.mig_instance_sharing,
+            ..Default::default()
+        }
     }
 
     fn flags(&self) -> ConfigFlags {
@@ -393,5 +420,29 @@ pub fn prepare_preview(args: &PreparePreviewArgs, out: &mut dyn Write) -> anyhow
     })?;
     serde_json::to_writer_pretty(&mut *out, &spec)?;
     writeln!(out)?;
+    Ok(())
+}
+
+/// `vgpu-dra mig-check`: one create/destroy round trip through NVML on a card already in MIG
+/// mode ([`crate::mig::nvml::check::round_trip`]); never switches MIG mode.
+///
+/// # Errors
+/// [`UsageError`] for a card not in MIG mode or not in the catalogue; other errors for failed
+/// NVML calls and mismatches.
+pub fn mig_check(args: &MigCheckArgs, out: &mut dyn Write) -> anyhow::Result<()> {
+    use crate::mig::MigControl;
+    use crate::mig::nvml::{NvmlMig, caps_minor, check};
+    let (ctl, card) = (NvmlMig::new()?, args.card.as_str());
+    if !ctl.mig_mode(card)? {
+        return Err(UsageError(format!("GPU {card} is not in MIG mode; mig-check never switches it")).into());
+    }
+    let info = ctl.card_info(card)?;
+    let model = vgpu_scheduling::mig::model_for(&info.name, info.memory_bytes)
+        .ok_or_else(|| UsageError(format!("GPU {card} ({}) is not in the MIG catalogue", info.name)))?;
+    writeln!(out, "GPU {card}: {} (minor {}), catalogue model {}", info.name, info.minor, model.name())?;
+    let placements = ctl.possible_placements(card, args.profile)?;
+    let caps = |gi, ci| caps_minor(std::path::Path::new("/proc/driver/nvidia/capabilities"), info.minor, gi, ci);
+    check::round_trip(&ctl, card, model, args.profile, &placements, &caps, out)?;
+    writeln!(out, "mig-check: the round trip matches")?;
     Ok(())
 }

@@ -31,6 +31,7 @@ use crate::plugin::cdi::CdiOptions;
 use crate::plugin::kubelet::Paths;
 use crate::plugin::kubelet::health::HealthService;
 use crate::plugin::kubelet::service::CallMetrics;
+use crate::plugin::mig::MigPrepare;
 use crate::plugin::report::DeviceReport;
 use crate::plugin::state::{State, StateOptions, Storage};
 use crate::plugin::storage::checkpoint::Checkpoint;
@@ -66,9 +67,9 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     resolved.log_ignored();
     // The only reader of the devices: everyone else reads its snapshots, without I/O.
     let poll = Duration::from_millis(args.inventory_poll_ms.max(100));
+    let (source, mig_control) = mig_control(args, args.source.daemon_source(&args.node_name)?)?;
     let devices =
-        DeviceLoop::start(args.source.daemon_source(&args.node_name)?, DeviceLoopOptions { poll, ..Default::default() })
-            .context("starting the device loop")?;
+        DeviceLoop::start(source, DeviceLoopOptions { poll, ..Default::default() }).context("starting the device loop")?;
     // Blocking work is file I/O of prepares, which take one lock in turn: more threads than this
     // buy no speed, and each idle one keeps its stack and malloc cache resident for 10 s.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -79,7 +80,7 @@ pub fn run(args: &KubeletPluginArgs) -> anyhow::Result<()> {
     // `devices` lives until the runtime has stopped: dropping it stops the loop.
     runtime.block_on(async {
         let client = kube_client(args).await?;
-        let app = App::build(args, &resolved, devices.source(), client).await?;
+        let app = App::build(args, &resolved, (devices.source(), mig_control), client).await?;
         let cancel = CancellationToken::new();
         drain(app.spawn(&cancel), &cancel).await
     })
@@ -151,7 +152,7 @@ impl App {
     pub async fn build(
         args: &KubeletPluginArgs,
         resolved: &Resolved,
-        snapshots: SnapshotSource,
+        (snapshots, mig_control): (SnapshotSource, Option<Control>),
         client: kube::Client,
     ) -> anyhow::Result<Self> {
         let config = resolved.sharing.clone();
@@ -182,6 +183,8 @@ impl App {
         let options = StateOptions {
             deleted_claim_grace: Duration::from_secs(args.deleted_claim_grace_seconds),
             spare_files: SPARE_FILES,
+            // Shares `mig.owned` with the publisher: the instances prepares make are not foreign.
+            mig: mig_control.map(|control| MigPrepare { control, settings: mig.clone() }),
             ..Default::default()
         };
         let source: Arc<dyn DeviceSource> = Arc::new(snapshots.clone());
@@ -378,6 +381,36 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+    }
+}
+
+/// What makes and destroys MIG instances.
+type Control = Arc<dyn crate::mig::MigControl>;
+
+/// The source the device loop reads, and what makes MIG instances for prepares: on a mock node
+/// the cards in MIG mode are simulated (their instances kept in `--mock-mig-state` when given),
+/// on a real one NVML makes them. None while dynamic MIG is off.
+///
+/// # Errors
+/// When the simulator's state file cannot be read.
+fn mig_control(args: &KubeletPluginArgs, raw: Arc<dyn DeviceSource>) -> anyhow::Result<(Arc<dyn DeviceSource>, Option<Control>)> {
+    if args.config.dynamic_mig == DynamicMig::Off {
+        return Ok((raw, None));
+    }
+    if args.source.mock_gpus.is_some() || args.source.mock_inventory.is_some() {
+        let inventory = raw.inventory().context("reading the mock inventory")?;
+        let sim = crate::mig::view::mock_sim(&inventory, args.source.mock_mig_state.as_deref())
+            .context("reading the MIG simulator's state")?;
+        let sim = Arc::new(sim);
+        return Ok((Arc::new(crate::mig::MigView::new(raw, sim.clone())), Some(sim)));
+    }
+    // NVML a second time (discovery has its own handle): cheap, and each keeps its own lock.
+    match crate::mig::NvmlMig::new() {
+        Ok(nvml) => Ok((raw, Some(Arc::new(nvml)))),
+        Err(e) => {
+            tracing::error!(error = %vgpu_dra_runtime::error_chain(&e), "dynamic MIG is on but NVML cannot make instances; prepares of MIG devices fail until the driver restarts with it");
+            Ok((raw, None))
+        }
     }
 }
 

@@ -114,7 +114,7 @@ async fn the_built_app_serves_the_kubelet_and_stops_when_cancelled() {
                 .unwrap(),
         )
     });
-    let app = App::build(&args, &resolved, devices.source(), kube::Client::new(service, "default")).await.unwrap();
+    let app = App::build(&args, &resolved, (devices.source(), None), kube::Client::new(service, "default")).await.unwrap();
     let registration = app.paths.registration_socket.clone();
     let sockets = crate::plugin::kubelet::probe::PluginSockets::from(&app.paths);
     let metrics = app.telemetry.metrics.clone();

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use vgpu_dra::cli::{Cli, Command, UsageError, inventory, prepare_preview};
+use vgpu_dra::cli::{Cli, Command, UsageError, inventory, mig_check, prepare_preview};
 use vgpu_dra::daemon;
 
 fn main() -> ExitCode {
@@ -21,6 +21,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => {
             vgpu_dra_cli::convert(args, &mut std::io::stdout().lock(), &mut std::io::stderr()).map_err(anyhow::Error::from)
         }
+        Command::MigCheck(args) => mig_check(args, &mut std::io::stdout().lock()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

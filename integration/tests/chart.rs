@@ -94,6 +94,9 @@ fn chart_lints_and_refuses_bad_values() {
         ("hami-dra.scheduler.enabled=true", "scheduler"),
         ("nvidiaDriverRoot=run/nvidia", "/nvidiaDriverRoot"),
         ("extendedResourceName=gpu", "/extendedResourceName"),
+        ("migDeviceClassName=Not_A_Class", "migDeviceClassName"),
+        ("dynamicMig.mode=on", "/dynamicMig/mode"),
+        ("dynamicMig.instanceSharing=yes", "/dynamicMig/instanceSharing"),
     ] {
         let err = helm_with(&plane, &["template", "x", chart], &[set]).expect_err(set);
         assert!(format!("{err:#}").contains(wants), "--set {set}: {err:#}");
@@ -127,6 +130,16 @@ fn chart_lints_and_refuses_bad_values() {
         let again = job(&helm_with(&plane, &["template", "x", chart], &[other]).unwrap());
         assert!(again.is_some() && again != Some(first.clone()), "{other}: {again:?}");
     }
+    // The driver gets CAP_SYS_ADMIN and the runtime's MIG capabilities only with dynamic MIG on.
+    let driver_container = |rendered: &str| rendered.split("kind: DaemonSet").nth(1).unwrap_or_default().to_owned();
+    let plain = driver_container(&on);
+    assert!(
+        plain.contains("--dynamic-mig=off") && !plain.contains("SYS_ADMIN") && !plain.contains("NVIDIA_MIG_CONFIG_DEVICES"),
+        "{plain}"
+    );
+    let mig = driver_container(&helm_with(&plane, &["template", "x", chart], &["dynamicMig.mode=listed"]).unwrap());
+    assert!(mig.contains("--dynamic-mig=listed") && mig.contains("add: [\"SYS_ADMIN\"]"), "{mig}");
+    assert!(mig.contains("name: NVIDIA_MIG_CONFIG_DEVICES") && mig.contains("name: NVIDIA_MIG_MONITOR_DEVICES"), "{mig}");
     let no_webhook = helm(&plane, &["template", "x", chart, "--set", IMAGE, "--set", "webhook.enabled=false"]).unwrap();
     assert!(!no_webhook.contains("webhook"), "{no_webhook}");
     assert!(no_webhook.contains("kind: DaemonSet"), "{no_webhook}");

@@ -12,7 +12,7 @@
 //! - a `firstAvailable` list made from the catalogue (`vgpu_scheduling::mig::covering`, smallest
 //!   first) gives 9000 MiB a 1g.10gb and 15000 MiB a 2g.20gb.
 //!
-//! Prepare does not create instances yet (see issue #36): no kubelet runs these pods.
+//! Making the instances at prepare, through the kubelet's plugin code, is `mig_prepare.rs`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -65,7 +65,7 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     // What the driver publishes is the layout, counter sets included.
     let groups = DeviceConfig::parse("device-config.yaml", GROUPS_001)?;
     let inventory = MockSource::new(NODE, parse_spec(&spec)?).inventory()?;
-    let mig = MigSettings { mode: DynamicMig::Listed, config: groups.mig.clone() };
+    let mig = MigSettings { mode: DynamicMig::Listed, config: groups.mig.clone(), ..Default::default() };
     let pool =
         PoolIdentity { driver: SharingConfig::default().driver_name, node_name: NODE.into(), node_uid: None, generation: 1 };
     let want: Vec<Value> = PoolLayout::new(&inventory, &SharingConfig::default(), &mig)
@@ -149,6 +149,61 @@ fn scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
         let device = result["device"].as_str().unwrap_or_default();
         anyhow::ensure!(device.contains(&format!("-mig-{want}-")), "{name} ({profiles:?}) got {device}");
     }
+
+    // A pod without vgpu-mode under the webhook's --unannotated-mig: its claim asks a share
+    // first, then the smallest instance. Both cards are in MIG use, so no share fits: it gets an
+    // instance on card 1, the only one with room.
+    for (class, kind) in [("vgpu-cards", "hami-gpu"), ("vgpu-mig", "hami-mig")] {
+        kubectl.apply(&format!(
+            "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {{name: {class}}}\nspec:\n  selectors:\n  - cel: {{expression: 'device.driver == \"{DRIVER}\" && device.attributes[\"{DRIVER}\"].type == \"{kind}\"'}}\n"
+        ))?;
+    }
+    kubectl.apply(&either_pod("either-mig")?)?;
+    let result = plane.wait_allocated("default", "either-mig", Duration::from_secs(60))?;
+    anyhow::ensure!(result["device"].as_str().unwrap_or_default().starts_with("hami-gpu-1-mig-1g-10gb-"), "{result}");
+    // Card 0 freed, the same claim takes a share of it.
+    for i in 0..8 {
+        delete_pod_and_claim(&kubectl, &format!("small-{i}"))?;
+    }
+    delete_pod_and_claim(&kubectl, "share-0")?;
+    // Only once every claim on card 0 is gone: a share must fit the whole card's counters.
+    eventually("card 0's claims gone", Duration::from_secs(60), || {
+        let left = kubectl.run(&["get", "resourceclaims", "-n", "default", "-o", "name"])?;
+        Ok((!left.lines().any(|l| l.contains("/small-") || l.ends_with("/share-0"))).then_some(()))
+    })?;
+    kubectl.apply(&either_pod("either-share")?)?;
+    let result = plane.wait_allocated("default", "either-share", Duration::from_secs(90))?;
+    anyhow::ensure!(result["device"] == "hami-gpu-0", "{result}");
+    Ok(())
+}
+
+/// A pod asking one card with 9000 MiB and 30 cores, converted as the webhook converts it
+/// without a `vgpu-mode` annotation under `--unannotated-mig=true`, and its claim.
+fn either_pod(name: &str) -> anyhow::Result<String> {
+    use vgpu_scheduling::compat::{CardRequest, ClassFacts, CompatSettings, MemoryRequest, Selection, either_claim_spec};
+    let settings = CompatSettings {
+        device_class: "vgpu-cards".into(),
+        mig_device_class: "vgpu-mig".into(),
+        unannotated_mig: true,
+        ..CompatSettings::hami()
+    };
+    let request = CardRequest { count: 1, memory: MemoryRequest::Bytes(9000 << 20), cores: 30, priority: None };
+    let spec =
+        either_claim_spec("main", "nvidia.com/gpumem", &request, &Selection::default(), &settings, &ClassFacts::default())?;
+    let claim = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": spec.spec,
+    });
+    Ok(format!(
+        "{claim}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  resourceClaims: [{{name: gpu, resourceClaimName: {name}}}]\n  containers:\n  - name: main\n    image: registry.invalid/none\n    resources: {{claims: [{{name: gpu}}]}}\n"
+    ))
+}
+
+fn delete_pod_and_claim(kubectl: &Kubectl, name: &str) -> anyhow::Result<()> {
+    kubectl.run(&["delete", "pod", name, "-n", "default", "--force", "--grace-period=0"])?;
+    kubectl.run(&["delete", "resourceclaim", name, "-n", "default", "--wait=false"])?;
     Ok(())
 }
 

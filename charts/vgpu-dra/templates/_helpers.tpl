@@ -142,6 +142,7 @@ Job registered. */}}
 - --config=/etc/vgpu-dra/config.yaml
 - --driver-name={{ .Values.driverName }}
 - --device-class={{ .Values.deviceClassName }}
+- --mig-device-class={{ include "vgpu-dra.migDeviceClassName" . }}
 - --timeout-seconds={{ .Values.webhook.timeoutSeconds }}
 # Namespaces never sent to it; it adds its own, so an empty list passes only that one.
 - --excluded-namespaces={{ .Values.webhook.excludedNamespaces | default (list .Release.Namespace) | join "," }}
@@ -150,6 +151,12 @@ Job registered. */}}
 - --volcano-cpu-request={{ .Values.webhook.volcano.cpuRequest }}
 # Every claim on the DeviceClass is charged to its namespace's GPU quotas (docs/quotas.md).
 - --quotas={{ .Values.webhook.quotas }}
+{{- end -}}
+
+{{/* The DeviceClass of dynamic-MIG devices: migDeviceClassName, else mig.<deviceClassName> (as
+NVIDIA's driver pairs gpu.nvidia.com with mig.nvidia.com). The webhook gets the same name. */}}
+{{- define "vgpu-dra.migDeviceClassName" -}}
+{{- .Values.migDeviceClassName | default (printf "mig.%s" .Values.deviceClassName) -}}
 {{- end -}}
 
 {{/* The host directory the NVIDIA driver is installed under: nvidiaDriverRoot when set, else

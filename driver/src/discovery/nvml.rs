@@ -2,11 +2,14 @@
 //! driver gets a clear error instead of a crash at start. Read-only: nothing here changes a GPU's
 //! settings.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
 use vgpu_scheduling::{Gpu, Health, Inventory, MigDevice};
 
 use super::source::{CardList, DeviceSource, DiscoveryError, read_all};
+use crate::mig::nvml::{CallError, gpu_instance_placement, instance_ids};
 
 /// NVML's "MIG enabled" mode value.
 const MIG_ENABLED: u32 = 1;
@@ -19,6 +22,9 @@ pub struct NvmlSource {
     nvml: Nvml,
     /// Cards a critical XID has marked unhealthy; `None` for one-shot reads.
     xid: Option<super::xid::XidWatch>,
+    /// Whether a MIG instance's placement could not be read before: said once as a warning,
+    /// then at debug level, since every poll would say it again.
+    placement_warned: AtomicBool,
 }
 
 impl std::fmt::Debug for NvmlSource {
@@ -33,7 +39,9 @@ impl NvmlSource {
     /// # Errors
     /// [`DiscoveryError::NvmlUnavailable`] when the library or driver is missing.
     pub fn new() -> Result<Self, DiscoveryError> {
-        Nvml::init().map(|nvml| Self { nvml, xid: None }).map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
+        Nvml::init()
+            .map(|nvml| Self { nvml, xid: None, placement_warned: AtomicBool::new(false) })
+            .map_err(|e| DiscoveryError::NvmlUnavailable(describe(&e)))
     }
 
     /// Also watches XID events, so a card that faults turns unhealthy without waiting for NVML
@@ -85,7 +93,7 @@ impl DeviceSource for NvmlSource {
         };
         let cc = step("compute capability", dev.cuda_compute_capability())?;
         let mig = match dev.mig_mode() {
-            Ok(mode) if mode.current == MIG_ENABLED => Some(mig_devices(&dev)?),
+            Ok(mode) if mode.current == MIG_ENABLED => Some(self.mig_devices(&dev)?),
             _ => None,
         };
         let mut gpu = Gpu {
@@ -110,24 +118,43 @@ impl DeviceSource for NvmlSource {
     }
 }
 
-fn mig_devices(parent: &nvml_wrapper::Device<'_>) -> Result<Vec<MigDevice>, DiscoveryError> {
-    let mut out = Vec::new();
-    for i in 0..MAX_MIG_SCAN {
-        let Ok(mig) = parent.mig_device_by_index(i) else { continue };
-        let name = step("MIG name", mig.name())?;
-        // NVML names MIG devices "<product> MIG <profile>".
-        let profile = name.rsplit_once("MIG ").map_or(name.as_str(), |(_, p)| p).to_owned();
-        out.push(MigDevice {
-            uuid: step("MIG uuid", mig.uuid())?,
-            profile,
-            gpu_instance: i,
-            compute_instance: 0,
-            memory_bytes: step("MIG memory info", mig.memory_info())?.total,
-            multiprocessors: 0,
-            // nvml-wrapper does not read a GPU instance's placement; until the MIG module reads
-            // it through the -sys bindings, such a card offers no dynamic MIG.
-            placement: None,
-        });
+impl NvmlSource {
+    fn mig_devices(&self, parent: &nvml_wrapper::Device<'_>) -> Result<Vec<MigDevice>, DiscoveryError> {
+        let mut out = Vec::new();
+        for i in 0..MAX_MIG_SCAN {
+            let Ok(mig) = parent.mig_device_by_index(i) else { continue };
+            let name = step("MIG name", mig.name())?;
+            // NVML names MIG devices "<product> MIG <profile>".
+            let profile = name.rsplit_once("MIG ").map_or(name.as_str(), |(_, p)| p).to_owned();
+            let uuid = step("MIG uuid", mig.uuid())?;
+            // The instance's ids and its GPU instance's placement, so dynamic MIG offers only
+            // the placements left free. Where they cannot be read, the instance keeps its scan
+            // index as GPU instance and no placement, as before; such a card offers no dynamic
+            // MIG.
+            let ids = instance_ids(&mig);
+            let placement = ids.as_ref().map_err(Clone::clone).and_then(|&(gi, _)| gpu_instance_placement(parent, gi));
+            if let Err(e) = &placement {
+                self.placement_unread(&uuid, e);
+            }
+            let (gpu_instance, compute_instance) = ids.unwrap_or((i, 0));
+            out.push(MigDevice {
+                uuid,
+                profile,
+                gpu_instance,
+                compute_instance,
+                memory_bytes: step("MIG memory info", mig.memory_info())?.total,
+                multiprocessors: 0,
+                placement: placement.ok(),
+            });
+        }
+        Ok(out)
     }
-    Ok(out)
+
+    fn placement_unread(&self, uuid: &str, e: &CallError) {
+        if self.placement_warned.swap(true, Ordering::Relaxed) {
+            tracing::debug!(%uuid, error = %e, "MIG instance placement unread");
+        } else {
+            tracing::warn!(%uuid, error = %e, "cannot read a MIG instance's placement; its card offers no dynamic MIG (said once)");
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! What creating and destroying MIG instances on a card means, and how it fails.
 
 /// One MIG instance: a GPU instance at a placement and the compute instance that fills it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct MigInstance {
     /// NVML's GPU-instance profile id (19 for `1g.10gb`).
     pub gi_profile_id: u32,
@@ -128,5 +129,18 @@ pub enum MigError {
         gi_id: u32,
         /// The compute instance id.
         ci_id: u32,
+    },
+    /// An NVML call failed for a reason no variant above names (no permission, instance in use
+    /// by a process, GPU lost, ...).
+    #[error("GPU {card}: {call} failed: {reason} (NVML return code {code})")]
+    Nvml {
+        /// The card.
+        card: String,
+        /// The NVML function, such as `nvmlGpuInstanceDestroy`.
+        call: &'static str,
+        /// NVML's return code (`nvmlReturn_t`), such as 19 for `NVML_ERROR_IN_USE`.
+        code: u32,
+        /// NVML's text for it (`nvmlErrorString`), or what was wrong with what it returned.
+        reason: String,
     },
 }

@@ -5,11 +5,16 @@
 //! are `vgpu_scheduling::mig`'s; this room only acts on a card. The trait is blocking (NVML is),
 //! so async callers run it on `spawn_blocking`.
 
+pub mod caps;
 pub mod control;
+pub mod nvml;
 pub mod offer;
 pub mod sim;
 pub mod slices;
+pub mod view;
 
 pub use control::{MigControl, MigError, MigInstance};
+pub use nvml::NvmlMig;
 pub use offer::{DynamicMig, MigSettings, PoolLayout};
 pub use sim::MigSim;
+pub use view::{MigView, OwnedPlacements, PlacementKey};

@@ -32,6 +32,12 @@ pub struct MigSettings {
     pub mode: DynamicMig,
     /// The device config's MIG entries: which models are listed, which profiles they allow.
     pub config: Vec<MigModels>,
+    /// Where the instances made for claims sit (kept by the plugin's state): they are the
+    /// placement devices in use, not instances already on the card.
+    pub owned: super::OwnedPlacements,
+    /// Placement devices allow several claims, each a HAMi-core share inside the one instance
+    /// (`--mig-instance-sharing`).
+    pub shared_instances: bool,
 }
 
 /// A card that offers dynamic MIG.
@@ -48,9 +54,13 @@ pub struct Offer {
     pub occupied: Vec<Placement>,
 }
 
-/// Why a card in MIG mode offers no dynamic MIG.
+/// Why a card offers no dynamic MIG.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NoOffer {
+    /// A MIG-capable card (its model is catalogued, and listed under `listed`) that is not in
+    /// MIG mode: the driver never switches the mode, so it is shared whole.
+    #[error("it is not in MIG mode, and the driver never switches MIG mode (nvidia-smi -i <index> -mig 1 does, on an idle card)")]
+    NotInMigMode,
     /// `--dynamic-mig listed` and no config entry names the card's model.
     #[error("no knownMigGeometries or migProfileAllowlist entry names its model")]
     NotListed,
@@ -81,14 +91,22 @@ pub struct Refusal {
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GPU {} ({}) is in MIG mode but offers no dynamic MIG: {}", self.uuid, self.product, self.why)
+        match self.why {
+            NoOffer::NotInMigMode => write!(f, "GPU {} ({}) offers no dynamic MIG: {}", self.uuid, self.product, self.why),
+            _ => write!(f, "GPU {} ({}) is in MIG mode but offers no dynamic MIG: {}", self.uuid, self.product, self.why),
+        }
     }
 }
 
 impl Refusal {
-    /// Logs it as a warning for `node`.
+    /// Logs it for `node`: a warning for a card in MIG mode (its instances stay as they are),
+    /// a note for one out of it (shared whole, as without dynamic MIG).
     pub fn log(&self, node: &str) {
-        tracing::warn!(%node, card = %self.uuid, product = %self.product, reason = %self.why, "card in MIG mode offers no dynamic MIG; its existing instances are published as they are");
+        if self.why == NoOffer::NotInMigMode {
+            tracing::info!(%node, card = %self.uuid, product = %self.product, reason = %self.why, "MIG-capable card offers no dynamic MIG; it is shared whole");
+        } else {
+            tracing::warn!(%node, card = %self.uuid, product = %self.product, reason = %self.why, "card in MIG mode offers no dynamic MIG; its existing instances are published as they are");
+        }
     }
 }
 
@@ -102,11 +120,14 @@ pub struct PoolLayout {
     pub offers: Vec<(PublishedDevice, Offer)>,
     /// The cards in MIG mode that offer nothing, and why.
     pub refusals: Vec<Refusal>,
+    /// How placement instances are shared (`None`: one claim each).
+    pub shares: Option<SharingConfig>,
 }
 
 impl PoolLayout {
     /// The layout of `inventory` under `config` and `mig`.
     pub fn new(inventory: &Inventory, config: &SharingConfig, mig: &MigSettings) -> Self {
+        let inventory = &mig.owned.strip(inventory);
         let (offers, refusals) = plan(inventory, mig);
         // The whole-card devices of offering cards, published as if out of MIG mode, with the
         // full-size instance's memory.
@@ -130,22 +151,26 @@ impl PoolLayout {
         }
         // Stable: a card's static instances keep their order.
         devices.sort_by_key(|d| d.minor);
-        Self { devices, offers: paired, refusals }
+        Self { devices, offers: paired, refusals, shares: mig.shared_instances.then(|| config.clone()) }
     }
 
-    /// The pool's slices: counter sets first when any card offers dynamic MIG.
-    pub fn slices(&self, pool: &PoolIdentity) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
-        let cards: Vec<MigCard<'_>> = self
-            .offers
+    /// The offering cards as the slice builder and the prepare side see them.
+    pub fn mig_cards(&self) -> Vec<MigCard<'_>> {
+        self.offers
             .iter()
             .map(|(card, offer)| MigCard {
                 card,
                 model: offer.model,
                 allowed: offer.allowed.clone(),
                 occupied: offer.occupied.clone(),
+                shares: self.shares.clone(),
             })
-            .collect();
-        build_slices_with_mig(pool, &self.devices, &cards)
+            .collect()
+    }
+
+    /// The pool's slices: counter sets first when any card offers dynamic MIG.
+    pub fn slices(&self, pool: &PoolIdentity) -> Vec<k8s_openapi::api::resource::v1::ResourceSlice> {
+        build_slices_with_mig(pool, &self.devices, &self.mig_cards())
     }
 }
 
@@ -162,7 +187,16 @@ fn plan(inventory: &Inventory, mig: &MigSettings) -> (Vec<Offer>, Vec<Refusal>) 
     if mig.mode == DynamicMig::Off {
         return (offers, refusals);
     }
-    for gpu in inventory.gpus.iter().filter(|g| g.mig.is_some()) {
+    for gpu in &inventory.gpus {
+        if gpu.mig.is_none() {
+            // Said only of a card that could offer it: catalogued, and listed if that is asked.
+            let listed = mig.mode == DynamicMig::All
+                || mig.config.iter().any(|e| e.models.iter().any(|m| gpu.product_name.contains(m.as_str())));
+            if listed && model_for(&gpu.product_name, gpu.memory_bytes).is_some() {
+                refusals.push(Refusal { uuid: gpu.uuid.clone(), product: gpu.product_name.clone(), why: NoOffer::NotInMigMode });
+            }
+            continue;
+        }
         match offer(gpu, mig) {
             Ok(offer) => offers.push(offer),
             Err(why) => refusals.push(Refusal { uuid: gpu.uuid.clone(), product: gpu.product_name.clone(), why }),

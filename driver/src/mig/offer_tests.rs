@@ -15,7 +15,7 @@ fn inventory(spec: &str) -> Inventory {
 }
 
 fn settings(mode: DynamicMig) -> MigSettings {
-    MigSettings { mode, config: DeviceConfig::parse("device-config.yaml", GROUPS_001).unwrap().mig }
+    MigSettings { mode, config: DeviceConfig::parse("device-config.yaml", GROUPS_001).unwrap().mig, ..Default::default() }
 }
 
 fn names(devices: &[PublishedDevice]) -> Vec<&str> {
@@ -62,6 +62,10 @@ fn a_listed_card_in_mig_mode_offers_its_allowed_placements_and_the_full_instance
     assert_eq!(layout.offers.len(), 1);
     let offer = &layout.offers[0].1;
     assert_eq!(offer.allowed, Some(vec!["1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"]));
+    // The listed card out of MIG mode is said to offer none, and why; the T4 (no MIG) is not.
+    let whys: Vec<(&str, &NoOffer)> = layout.refusals.iter().map(|r| (r.uuid.as_str(), &r.why)).collect();
+    assert_eq!(whys, [(inv.gpus[1].uuid.as_str(), &NoOffer::NotInMigMode)]);
+    assert!(layout.refusals[0].to_string().contains("not in MIG mode, and the driver never switches"), "{}", layout.refusals[0]);
     let published = slice_devices(&layout);
     // 7 + 3 + 2 + 1 placements of the four allowed profiles, after the three cards.
     assert_eq!(published.len(), 3 + 13);
@@ -95,7 +99,7 @@ fn an_instance_already_on_the_card_blocks_its_slices_and_the_whole_card() {
         let mut inv = inventory(&format!("{A800}:80Gi:mig"));
         inv.gpus[0].mig = Some(vec![instance("MIG-x", Some((taken.profile().id(), taken.start())))]);
         // No config entry: every profile of the model is allowed.
-        let mig = MigSettings { mode: DynamicMig::All, config: Vec::new() };
+        let mig = MigSettings { mode: DynamicMig::All, config: Vec::new(), ..Default::default() };
         let layout = PoolLayout::new(&inv, &SharingConfig::default(), &mig);
         assert!(layout.refusals.is_empty());
         assert_eq!(names(&layout.devices), ["hami-gpu-0-mig-1-0"], "the instance stays published, the whole card does not");
@@ -122,7 +126,11 @@ fn a_card_whose_instances_cannot_be_placed_stays_static() {
 #[test]
 fn a_profile_the_model_lacks_refuses_the_card_with_the_entry_named() {
     let config = "nvidia:\n  migProfileAllowlist:\n  - models: [A800]\n    profiles: [1g.5gb]\n";
-    let mig = MigSettings { mode: DynamicMig::Listed, config: DeviceConfig::parse("c.yaml", config).unwrap().mig };
+    let mig = MigSettings {
+        mode: DynamicMig::Listed,
+        config: DeviceConfig::parse("c.yaml", config).unwrap().mig,
+        ..Default::default()
+    };
     let layout = PoolLayout::new(&inventory(&format!("{A800}:80Gi:mig")), &SharingConfig::default(), &mig);
     assert!(layout.offers.is_empty());
     let why = layout.refusals[0].why.to_string();

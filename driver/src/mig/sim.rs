@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use sha2::{Digest, Sha256};
@@ -18,6 +19,19 @@ use super::control::{MigControl, MigError, MigInstance};
 #[derive(Debug, Default)]
 pub struct MigSim {
     cards: Mutex<BTreeMap<String, Card>>,
+    /// Where the instances are kept across processes ([`MigSim::persistent`]).
+    file: Option<PathBuf>,
+    /// What that file held when opened, taken by [`MigSim::with_card`] card by card.
+    saved: Mutex<BTreeMap<String, SavedCard>>,
+}
+
+/// A card's instances as the state file keeps them.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct SavedCard {
+    /// Instances created on the card so far.
+    pub created: u64,
+    /// The instances on it.
+    pub instances: Vec<MigInstance>,
 }
 
 #[derive(Debug)]
@@ -41,11 +55,47 @@ impl MigSim {
         Self::default()
     }
 
-    /// Adds the card `uuid` of `model`, in MIG mode or not; the simulator never switches it.
+    /// A simulator whose instances outlive the process, as a card's do: kept in `file` (JSON,
+    /// rewritten atomically after each change), so a test can kill the driver at any step and
+    /// see what is left on the "card". A missing file is an empty card.
+    ///
+    /// # Errors
+    /// When the file exists and cannot be read or parsed.
+    pub fn persistent(file: impl Into<PathBuf>) -> std::io::Result<Self> {
+        let file = file.into();
+        let saved = Self::read_state(&file)?;
+        Ok(Self { file: Some(file), saved: Mutex::new(saved), ..Self::default() })
+    }
+
+    /// The instances a state file holds, by card UUID (for tests that look at the "card").
+    ///
+    /// # Errors
+    /// When the file cannot be read or parsed; a missing file holds none.
+    pub fn read_state(file: &Path) -> std::io::Result<BTreeMap<String, SavedCard>> {
+        match std::fs::read(file) {
+            Ok(body) => serde_json::from_slice(&body).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Adds the card `uuid` of `model`, in MIG mode or not; the simulator never switches it. A
+    /// persistent simulator gives it the instances its file holds for that UUID (those whose
+    /// placement the model has).
     #[must_use]
     pub fn with_card(self, uuid: impl Into<String>, model: &'static MigModel, mig_mode: bool) -> Self {
-        let card = Card { model, mig_mode, created: 0, instances: Vec::new() };
-        self.lock().insert(uuid.into(), card);
+        let uuid = uuid.into();
+        let saved = self.saved.lock().unwrap_or_else(PoisonError::into_inner).remove(&uuid).unwrap_or_default();
+        let instances = saved
+            .instances
+            .into_iter()
+            .filter_map(|instance| {
+                let placement = model.placement(model.profile(instance.gi_profile_id)?, instance.start)?;
+                Some(Live { placement, instance })
+            })
+            .collect();
+        let card = Card { model, mig_mode, created: saved.created, instances };
+        self.lock().insert(uuid, card);
         self
     }
 
@@ -53,6 +103,25 @@ impl MigSim {
         // A panic under the lock leaves whole instances behind (each change is one push or
         // remove), so the state stays usable.
         self.cards.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Writes the cards' instances to the state file, if there is one, with the lock held so
+    /// that writes land in the order of the changes.
+    fn save(&self, cards: &BTreeMap<String, Card>) {
+        let Some(file) = &self.file else { return };
+        let state: BTreeMap<&String, SavedCard> = cards
+            .iter()
+            .map(|(uuid, c)| {
+                (uuid, SavedCard { created: c.created, instances: c.instances.iter().map(|l| l.instance.clone()).collect() })
+            })
+            .collect();
+        let written = serde_json::to_vec_pretty(&state)
+            .map_err(std::io::Error::other)
+            .and_then(|body| crate::fsutil::write_atomically(file, &body, 0o644));
+        if let Err(e) = written {
+            // A simulator's file only; the change itself stands, as it would on a card.
+            tracing::error!(path = %file.display(), error = %e, "MIG simulator state not saved");
+        }
     }
 }
 
@@ -139,6 +208,7 @@ impl MigControl for MigSim {
         let uuid = mig_uuid(card, gi_id, ci_id, state.created);
         let instance = MigInstance { gi_profile_id, start, gi_id, ci_id, uuid };
         state.instances.push(Live { placement, instance: instance.clone() });
+        self.save(&cards);
         Ok(instance)
     }
 
@@ -151,6 +221,7 @@ impl MigControl for MigSim {
             .position(|l| l.instance.gi_id == gi_id && l.instance.ci_id == ci_id)
             .ok_or_else(|| MigError::UnknownInstance { card: card.to_owned(), gi_id, ci_id })?;
         state.instances.remove(at);
+        self.save(&cards);
         Ok(())
     }
 }

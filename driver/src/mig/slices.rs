@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1 as resource;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
-use vgpu_scheduling::PublishedDevice;
+use vgpu_scheduling::device::share_capacities;
 use vgpu_scheduling::mig::{MigModel, Placement};
+use vgpu_scheduling::{Attribute, Capacity, PublishedDevice, Quantity, SharingConfig};
 
 use crate::slices::{PoolIdentity, api_device, lay_out};
 
@@ -29,6 +30,9 @@ pub struct MigCard<'a> {
     pub allowed: Option<Vec<&'static str>>,
     /// Instances already on the card: placements overlapping them are not offered.
     pub occupied: Vec<Placement>,
+    /// How its instances are shared through HAMi-core (`--mig-instance-sharing`); `None`: each
+    /// instance is one claim's.
+    pub shares: Option<SharingConfig>,
 }
 
 impl MigCard<'_> {
@@ -46,6 +50,36 @@ impl MigCard<'_> {
             .filter(|p| self.allowed.as_ref().is_none_or(|a| a.contains(&p.profile().name())))
             .filter(|p| !self.occupied.iter().any(|o| o.overlaps(p)))
             .collect()
+    }
+
+    /// The device standing for `placement`: the card's attributes with the MIG ones, and the
+    /// profile's memory, either as the one capacity a claim takes whole or, with `shares`, as
+    /// HAMi-core's share capacities (memory, cores, split count) inside the instance. The
+    /// publisher and the prepare side both read it from here.
+    pub fn device(&self, placement: &Placement) -> PublishedDevice {
+        let mut attributes = self.card.attributes.clone();
+        let int = |i: u32| Attribute::Int(i64::from(i));
+        attributes.insert("type".into(), Attribute::String("hami-mig".into()));
+        attributes.insert("mode".into(), Attribute::String("mig".into()));
+        attributes.insert("parentUUID".into(), Attribute::String(self.card.uuid.clone()));
+        attributes.insert("profile".into(), Attribute::String(placement.profile().name().into()));
+        attributes.insert("migProfileId".into(), int(placement.profile().id()));
+        attributes.insert("placementStart".into(), int(u32::from(placement.start())));
+        attributes.insert("computeSlices".into(), int(u32::from(placement.profile().compute_slices())));
+        attributes.remove("uuid");
+        let memory = placement.profile().memory_mib() << 20;
+        let capacity = match &self.shares {
+            Some(config) => share_capacities(memory, config),
+            None => BTreeMap::from([("memory".to_owned(), Capacity { value: Quantity::from_bytes(memory), policy: None })]),
+        };
+        PublishedDevice {
+            name: placement.device_name(self.card.minor),
+            uuid: self.card.uuid.clone(),
+            minor: self.card.minor,
+            attributes,
+            capacity,
+            health: self.card.health,
+        }
     }
 }
 
@@ -90,33 +124,14 @@ fn quantity(v: u64) -> ApiQuantity {
     ApiQuantity(v.to_string())
 }
 
-/// One placement as a device: one allocation at a time (the instance is the pod's), the
-/// card's attributes with the MIG ones added, and its memory as a capacity.
+/// One placement as a device ([`MigCard::device`]) consuming its counters: one allocation at a
+/// time (the instance is the pod's) unless its instance is shared, whose counters the scheduler
+/// then charges once, at the first allocation.
 fn placement_device(pool: &PoolIdentity, card: &MigCard<'_>, placement: &Placement) -> resource::Device {
-    let whole = api_device(&pool.driver, card.card);
-    let mut attributes = whole.attributes.unwrap_or_default();
-    let text = |s: &str| resource::DeviceAttribute { string: Some(s.to_owned()), ..Default::default() };
-    let int = |i: i64| resource::DeviceAttribute { int: Some(i), ..Default::default() };
-    attributes.insert("type".into(), text("hami-mig"));
-    attributes.insert("mode".into(), text("mig"));
-    attributes.insert("parentUUID".into(), text(&card.card.uuid));
-    attributes.insert("profile".into(), text(placement.profile().name()));
-    attributes.insert("migProfileId".into(), int(i64::from(placement.profile().id())));
-    attributes.insert("placementStart".into(), int(i64::from(placement.start())));
-    attributes.insert("computeSlices".into(), int(i64::from(placement.profile().compute_slices())));
-    attributes.remove("uuid");
-    let memory = placement.profile().memory_mib() * 1024 * 1024;
-    resource::Device {
-        name: placement.device_name(card.card.minor).to_string(),
-        attributes: Some(attributes),
-        capacity: Some(BTreeMap::from([(
-            "memory".to_owned(),
-            resource::DeviceCapacity { value: quantity(memory), request_policy: None },
-        )])),
-        consumes_counters: Some(vec![consumption(card, &placement.consumes())]),
-        taints: whole.taints,
-        ..Default::default()
-    }
+    let mut device = api_device(&pool.driver, &card.device(placement));
+    device.allow_multiple_allocations = card.shares.is_some().then_some(true);
+    device.consumes_counters = Some(vec![consumption(card, &placement.consumes())]);
+    device
 }
 
 #[cfg(test)]

@@ -27,7 +27,13 @@ fn mig_cards<'a>(devices: &'a [PublishedDevice], allowed: Option<Vec<&'static st
                 other => panic!("productName {other:?}"),
             };
             let memory = card.capacity["memory"].value.to_string().trim_end_matches("Gi").parse::<u64>().unwrap() << 30;
-            MigCard { card, model: model_for(&product, memory).unwrap(), allowed: allowed.clone(), occupied: Vec::new() }
+            MigCard {
+                card,
+                model: model_for(&product, memory).unwrap(),
+                allowed: allowed.clone(),
+                occupied: Vec::new(),
+                shares: None,
+            }
         })
         .collect()
 }
@@ -102,4 +108,34 @@ fn cards_without_mig_keep_their_device_as_before() {
     let devices = cards("2xTesla T4:15Gi");
     let slices = build_slices_with_mig(&pool(), &devices, &[]);
     assert_eq!(slices, crate::slices::build_slices(&pool(), &devices));
+}
+
+#[test]
+fn shared_instances_publish_share_capacities_inside_the_instance_and_allow_several_claims() {
+    let devices = cards("1xNVIDIA H200:141Gi");
+    let mut mig = mig_cards(&devices, None);
+    let config = SharingConfig { device_split_count: 4, ..SharingConfig::default() };
+    mig[0].shares = Some(config.clone());
+    let slices = build_slices_with_mig(&pool(), &devices, &mig);
+    let all: Vec<&resource::Device> = slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect();
+    let small = all.iter().find(|d| d.name == "hami-gpu-0-mig-1g-18gb-2").unwrap();
+    assert_eq!(small.allow_multiple_allocations, Some(true));
+    let capacity = small.capacity.as_ref().unwrap();
+    let profile = model_for("NVIDIA H200", 141 << 30).unwrap().profile(19).unwrap();
+    // The instance's memory, not the card's, as a whole card of that size would publish it.
+    assert_eq!(
+        serde_json::to_value(capacity).unwrap(),
+        serde_json::to_value(crate::slices::api_device(&pool().driver, &mig[0].device(&mig[0].placements()[0])).capacity)
+            .unwrap()
+    );
+    let want = vgpu_scheduling::device::share_capacities(profile.memory_mib() << 20, &config);
+    assert_eq!(capacity.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+    assert_eq!(capacity["memory"].value.0, want["memory"].value.to_string());
+    assert_eq!(capacity["shares"].value.0, "4");
+    // Its counters are still its placement's: shared or not, it excludes what overlaps it.
+    let exclusive = build_slices_with_mig(&pool(), &devices, &mig_cards(&devices, None));
+    let same = exclusive.iter().flat_map(|s| s.spec.devices.iter().flatten()).find(|d| d.name == small.name).unwrap();
+    assert_eq!(same.consumes_counters, small.consumes_counters);
+    assert!(same.allow_multiple_allocations.is_none());
+    assert_eq!(same.capacity.as_ref().unwrap().keys().collect::<Vec<_>>(), vec!["memory"]);
 }

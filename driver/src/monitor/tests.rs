@@ -23,6 +23,7 @@ fn prepared(uid: &str, cards: &[&str], env: &[(&str, &str)]) -> PreparedClaim {
         claim: ClaimRef::new("ns", &format!("claim-{uid}"), uid).unwrap(),
         devices: Vec::new(),
         spec: serde_json::from_value(spec).unwrap(),
+        mig: Vec::new(),
     }
 }
 

@@ -37,6 +37,8 @@ pub struct CdiOptions {
     pub limits: LimitOptions,
     /// Directories searched for the NVIDIA Container Toolkit's own specs.
     pub toolkit_dirs: Vec<PathBuf>,
+    /// Where the NVIDIA driver's `/proc` files are read (MIG capability minors).
+    pub proc_root: PathBuf,
 }
 
 impl CdiOptions {
@@ -58,6 +60,7 @@ impl CdiOptions {
             synthesize_nodes: false,
             limits: LimitOptions::default(),
             toolkit_dirs: Vec::new(),
+            proc_root: PathBuf::from("/proc"),
         })
     }
 }
@@ -216,6 +219,75 @@ pub fn build_spec(
     };
     spec.set_minimum_version();
     Ok(spec)
+}
+
+/// Gives each CDI device of `spec` that stands for a MIG instance in `holds` the instance's two
+/// capability nodes, `/dev/nvidia-caps/nvidia-cap<M>` for its GPU instance and its compute
+/// instance: without them CUDA in the container cannot open the instance. The minors come from
+/// the driver's `capabilities/gpu<minor>/mig/gi<X>[/ci<Y>]/access` files (`DeviceFileMinor: M`).
+///
+/// # Errors
+/// What is missing, naming the file: on a mock node (`synthesize_nodes`) there are no such
+/// files and the nodes are left out instead.
+pub fn add_mig_nodes(
+    spec: &mut Spec,
+    options: &CdiOptions,
+    claim: &ClaimRef,
+    devices: &[ClaimDevice],
+    holds: &[super::mig::MigHold],
+) -> Result<(), (String, String)> {
+    for (d, name) in devices.iter().zip(cdi_device_names(claim, devices)) {
+        let Some(hold) = holds.iter().find(|h| h.device == d.device) else { continue };
+        let Some(instance) = &hold.instance else { continue };
+        let mut nodes = Vec::new();
+        for ci in [None, Some(instance.ci_id)] {
+            match cap_node(options, hold.minor, instance.gi_id, ci) {
+                Ok(node) => nodes.push(node),
+                Err(_) if options.synthesize_nodes => {}
+                Err(why) => return Err((d.device.to_string(), why)),
+            }
+        }
+        if let Some(device) = spec.devices.iter_mut().find(|c| c.name == name)
+            && !nodes.is_empty()
+        {
+            device.container_edits.device_nodes.extend(nodes);
+        }
+    }
+    Ok(())
+}
+
+/// The capability node of GPU instance `gi` (its compute instance `ci`) on card `gpu_minor`,
+/// from the host's `/dev/nvidia-caps`, else with the major `/proc/devices` gives `nvidia-caps`.
+fn cap_node(options: &CdiOptions, gpu_minor: u32, gi: u32, ci: Option<u32>) -> Result<DeviceNode, String> {
+    let root = options.proc_root.join("driver/nvidia/capabilities");
+    let minor = crate::mig::caps::caps_minor(&root, gpu_minor, gi, ci)
+        .map_err(|e| format!("MIG capability file of GPU instance {gi} (compute instance {ci:?}): {e}"))?;
+    let minor = i64::from(minor);
+    let name = format!("nvidia-caps/nvidia-cap{minor}");
+    if let Some(node) = device_node(options, &name, None) {
+        return Ok(node);
+    }
+    let major = std::fs::read_to_string(options.proc_root.join("devices"))
+        .ok()
+        .and_then(|d| d.lines().find_map(|l| l.trim().strip_suffix(" nvidia-caps").and_then(|m| m.trim().parse::<i64>().ok())));
+    // The runtime makes the node in the container from its numbers (CDI needs no host node when
+    // they are given): the driver creates a new instance's capability nodes on the host only
+    // when something asks (nvidia-modprobe), so they may well be missing there.
+    match major {
+        Some(major) => Ok(DeviceNode {
+            path: format!("/dev/{name}"),
+            kind: Some("c".into()),
+            major: Some(major),
+            minor: Some(minor),
+            permissions: Some("rw".into()),
+            ..Default::default()
+        }),
+        None => Err(format!(
+            "MIG capability node {} is not on the host and {} names no nvidia-caps major",
+            options.dev_root.join(&name).display(),
+            options.proc_root.join("devices").display(),
+        )),
+    }
 }
 
 fn bind(host: &Path, container: &Path, mode: &str) -> Mount {

@@ -47,6 +47,27 @@ pub enum PrepareError {
     /// A host directory of the claim could not be made or removed.
     #[error(transparent)]
     Host(#[from] HostError),
+    /// Making or destroying the MIG instance a device stands for failed.
+    #[error("claim {claim}: MIG instance of device {device}")]
+    Mig {
+        /// The claim.
+        claim: String,
+        /// The device.
+        device: String,
+        /// What the card said.
+        #[source]
+        source: crate::mig::MigError,
+    },
+    /// The MIG instance exists but the container could not be given its capability nodes.
+    #[error("claim {claim}: device {device}: {reason}")]
+    MigNodes {
+        /// The claim.
+        claim: String,
+        /// The device.
+        device: String,
+        /// What is missing.
+        reason: String,
+    },
 }
 
 impl PrepareError {
@@ -61,6 +82,7 @@ impl PrepareError {
             Self::Discovery(_) => "discovery",
             Self::Spec { .. } => "spec",
             Self::Checkpoint(_) | Self::SpecFile(_) | Self::Host(_) => "storage",
+            Self::Mig { .. } | Self::MigNodes { .. } => "mig",
         }
     }
 

@@ -12,6 +12,12 @@ pub enum FailPoint {
     PrepareCheckpointed,
     /// Prepare: spec written, answer not sent.
     PrepareSpecWritten,
+    /// Prepare (dynamic MIG): the intent to make an instance recorded, no instance yet.
+    PrepareMigIntent,
+    /// Prepare (dynamic MIG): the instance made, not yet recorded.
+    PrepareMigCreated,
+    /// Unprepare (dynamic MIG): the claim's last instance destroyed, its record still there.
+    UnprepareMigDestroyed,
     /// Unprepare: checkpoint entry dropped, spec still there.
     UnprepareCheckpointed,
     /// Unprepare: spec removed, claim directory still there.

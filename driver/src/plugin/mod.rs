@@ -9,7 +9,8 @@
 //! - `storage/`: blocking disk work (checkpoint, host files, the toolkit's specs, trash);
 //! - pure rules with no I/O: `claim` (is it ours, which shares), `containers` (how the pod's
 //!   containers use it), `cdi` (the spec), `device_status` (what the claim's status says of it);
-//!   and `error`, `failpoint`, `report`.
+//!   and `error`, `failpoint`, `report`; `mig` (which devices stand for a MIG instance to make,
+//!   and what a record keeps of it).
 //!
 //! A prepare, file by file:
 //! 1. `kubelet/uds.rs` accepts the kubelet's connection; `kubelet/service.rs` takes the batch and
@@ -29,6 +30,10 @@
 //!    `failpoint` sits between each step. The answer names the CDI devices, with the NVIDIA
 //!    toolkit's own (`storage/toolkit.rs`).
 //!
+//! A claim on a dynamic-MIG device (`mig.rs` says which) takes another road after step 4:
+//! `state/mig_steps.rs` admits it, records the intent, makes the instance, and writes the record
+//! and the spec on the instance (its UUID, its two capability nodes).
+//!
 //! An unprepare (`state/unprepare.rs`) drops the record, then the spec, and renames the claim's
 //! directory into the trash (`storage/trash.rs`), emptied in the background. `state/recovery.rs`
 //! rebuilds the ledger at start-up and runs the periodic checks.
@@ -41,6 +46,7 @@ pub mod device_status;
 pub mod error;
 pub mod failpoint;
 pub mod kubelet;
+pub mod mig;
 pub mod report;
 pub mod state;
 pub mod storage;

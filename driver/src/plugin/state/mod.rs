@@ -10,7 +10,12 @@
 //! pod is read; under the lock they are only renamed into place. The spec is not fsynced: start-up
 //! rebuilds any spec a power loss took from its entry. Start-up and the periodic checks live in
 //! `recovery`.
+//!
+//! The one exception is dynamic MIG (`mig_steps`): a claim on a device that stands for a MIG
+//! instance has its instance made (or destroyed, at its last unprepare) under the lock, so
+//! that the card and the records move together; only such claims drive the card.
 
+mod mig_steps;
 mod prepare;
 mod recovery;
 mod staging;
@@ -30,6 +35,7 @@ use super::cdi::{CdiOptions, claim_dir, is_admin, region_file};
 use super::claim::{ClaimRef, consumer};
 use super::device_status::device_statuses;
 use super::error::chain;
+use super::mig::{MigPrepare, MigTarget};
 use super::storage::blocking;
 use super::storage::checkpoint::{Checkpoint, PreparedClaim};
 use super::storage::host::{HostError, ensure_claim_dir};
@@ -81,11 +87,14 @@ pub struct StateOptions {
     /// and a prepare whose claim was read ahead has no API read to make them beside. 0: each
     /// prepare makes its own while it reads its claim.
     pub spare_files: usize,
+    /// Dynamic MIG: how instances are made for the devices that stand for them (none: no card
+    /// offers dynamic MIG).
+    pub mig: Option<MigPrepare>,
 }
 
 impl Default for StateOptions {
     fn default() -> Self {
-        Self { host_dirs: true, deleted_claim_grace: Duration::from_secs(300), spare_files: 0 }
+        Self { host_dirs: true, deleted_claim_grace: Duration::from_secs(300), spare_files: 0, mig: None }
     }
 }
 
@@ -220,8 +229,20 @@ impl State {
     /// # Errors
     /// When discovery has no inventory.
     pub fn published(&self) -> Result<Vec<PublishedDevice>, PrepareError> {
+        Ok(self.layout()?.0)
+    }
+
+    /// The devices this node publishes now, dynamic MIG's placement devices included, and those
+    /// that stand for a MIG instance, from one inventory snapshot.
+    ///
+    /// # Errors
+    /// When discovery has no inventory.
+    pub(super) fn layout(&self) -> Result<(Vec<PublishedDevice>, Vec<MigTarget>), PrepareError> {
         let inventory = self.source.inventory().map_err(PrepareError::Discovery)?;
-        Ok(publish(&inventory, &self.config))
+        Ok(match &self.options.mig {
+            Some(mig) => blocking(|| mig.layout(&inventory, &self.config)),
+            None => (publish(&inventory, &self.config), Vec::new()),
+        })
     }
 
     /// Everything the metrics report, read at once.
@@ -293,6 +314,47 @@ impl State {
     pub async fn prepared_count(&self) -> usize {
         self.inner.lock().await.prepared.len()
     }
+}
+
+/// Admits every share of `entry` against `published`, or none: a refused share releases those
+/// admitted before it and puts a pending placeholder back. The keys admitted, and the pending
+/// placeholder the claim had (to put back if a later step fails).
+fn admit(
+    ledger: &mut Ledger,
+    pending: &mut BTreeMap<Uid, Pending>,
+    published: &[PublishedDevice],
+    entry: &PreparedClaim,
+) -> Result<(Vec<vgpu_scheduling::ShareKey>, Option<Pending>), PrepareError> {
+    let uid = &entry.claim.uid;
+    ledger.set_capacity(capacities(published));
+    // A claim held whole since start-up is being prepared with its real shares now.
+    let was_pending = pending.remove(uid);
+    if was_pending.is_some() {
+        ledger.release_claim(uid);
+    }
+    let mut admitted = Vec::new();
+    for d in &entry.devices {
+        if let Err(e) = ledger.admit(d.key(uid), d.consumption.clone()) {
+            unadmit(ledger, pending, published, &admitted, was_pending);
+            return Err(e.into());
+        }
+        admitted.push(d.key(uid));
+    }
+    Ok((admitted, was_pending))
+}
+
+/// Undoes [`admit`] after a later step failed.
+fn unadmit(
+    ledger: &mut Ledger,
+    pending: &mut BTreeMap<Uid, Pending>,
+    published: &[PublishedDevice],
+    admitted: &[vgpu_scheduling::ShareKey],
+    was_pending: Option<Pending>,
+) {
+    for key in admitted {
+        ledger.release(key);
+    }
+    restore_pending(ledger, pending, published, was_pending);
 }
 
 /// Puts a pending claim's placeholder back after a failed prepare.

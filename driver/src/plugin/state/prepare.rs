@@ -6,15 +6,30 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use vgpu_scheduling::{ObjectName, PublishedDevice};
 
 use super::staging::StagedClaim;
-use super::{Inner, PreparedDevice, State, Storage, capacities, restore_pending};
+use super::{Inner, PreparedDevice, State, Storage, admit, unadmit};
 use crate::plugin::cdi::{build_spec, cdi_device_names, is_admin};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use crate::plugin::containers::{top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
+use crate::plugin::mig::MigTarget;
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
 use crate::plugin::storage::toolkit::toolkit_id;
+
+/// A claim read and worked out, not yet admitted.
+struct Built {
+    /// Its record as it would be written.
+    entry: PreparedClaim,
+    /// The claim as read.
+    object: ResourceClaim,
+    /// The devices it was worked out against.
+    published: Vec<PublishedDevice>,
+    /// Its devices that stand for a MIG instance.
+    targets: Vec<MigTarget>,
+    /// Its HAMi-core settings.
+    env: Vec<(String, String)>,
+}
 
 impl State {
     /// Prepares one claim; repeating it returns the same answer and restores a lost spec.
@@ -29,13 +44,20 @@ impl State {
         // The files are made while the claim is read (a create can take a millisecond); a
         // claim refused before staging has them removed unused.
         let stager = self.stager();
-        let (entry, object, published) = match self.entry_for(claim).await {
+        let Built { entry, object, published, targets, env } = match self.entry_for(claim).await {
             Ok(built) => built,
             Err(e) => {
                 stager.discard().await;
                 return Err(e);
             }
         };
+        if !targets.is_empty() {
+            // Its spec names instances that do not exist yet: nothing to stage.
+            let (checked, toolkit) = tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.discard());
+            checked?;
+            let entry = self.commit_mig(entry, &targets, &published, &env).await?;
+            return Ok(self.answer(entry, &toolkit, &published));
+        }
         // The pod is read while the entry is written and fsynced (each about a millisecond); a
         // refused claim's files are removed unseen.
         let (checked, (toolkit, staged)) =
@@ -55,19 +77,22 @@ impl State {
 
     /// Reads `claim` and works out its shares and spec, with the claim and the devices they
     /// were worked out from.
-    async fn entry_for(&self, claim: &ClaimRef) -> Result<(PreparedClaim, ResourceClaim, Vec<PublishedDevice>), PrepareError> {
+    async fn entry_for(&self, claim: &ClaimRef) -> Result<Built, PrepareError> {
         let object = self.claims.claim_to_prepare(claim).await?.ok_or_else(|| PrepareError::NotFound(claim.key()))?;
         // The kubelet prepares a claim only for a pod it is reserved for; reserved for no one in
         // a fresh read, its pod is gone and its allocation may be given to another next.
         if self.claims.is_api() && consumer(&object).is_none() && object.metadata.uid.as_deref() == Some(claim.uid.as_str()) {
             return Err(ClaimError::NotReserved(claim.key()).into());
         }
-        let published = self.published()?;
+        let (published, targets) = self.layout()?;
         let devices = devices_of(&object, claim, &self.config.driver_name, &self.node, &published)?;
         let env = claim_env(&object, &self.config.driver_name, &claim.key())?;
         let spec = build_spec(&self.storage.cdi, claim, &devices, &published, &env)
             .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
-        Ok((PreparedClaim { claim: claim.clone(), devices, spec }, object, published))
+        // The devices of the claim that stand for an instance, in the claim's order.
+        let targets = devices.iter().filter_map(|d| targets.iter().find(|t| t.device == d.device).cloned()).collect();
+        let entry = PreparedClaim { claim: claim.clone(), devices, spec, mig: Vec::new() };
+        Ok(Built { entry, object, published, targets, env })
     }
 
     /// Admits a checked claim and makes its staged files visible, under the lock.
@@ -87,24 +112,13 @@ impl State {
             blocking(|| drop(staged));
             return Ok(existing);
         }
-        ledger.set_capacity(capacities(published));
-        // A claim held whole since start-up is being prepared with its real shares now.
-        let was_pending = pending.remove(&claim.uid);
-        if was_pending.is_some() {
-            ledger.release_claim(&claim.uid);
-        }
-        let mut admitted = Vec::new();
-        for d in &entry.devices {
-            if let Err(e) = ledger.admit(d.key(&claim.uid), d.consumption.clone()) {
-                admitted.iter().for_each(|k| {
-                    ledger.release(k);
-                });
-                restore_pending(ledger, pending, published, was_pending);
+        let (admitted, was_pending) = match admit(ledger, pending, published, &entry) {
+            Ok(admitted) => admitted,
+            Err(e) => {
                 blocking(|| drop(staged));
-                return Err(e.into());
+                return Err(e);
             }
-            admitted.push(d.key(&claim.uid));
-        }
+        };
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         // A monitoring claim (admin access) has no HAMi-core, so no directory to discard either.
         let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
@@ -120,11 +134,8 @@ impl State {
             Ok::<_, PrepareError>(())
         });
         if let Err(e) = written {
-            admitted.iter().for_each(|k| {
-                ledger.release(k);
-            });
             let keep_dir = was_pending.is_some();
-            restore_pending(ledger, pending, published, was_pending);
+            unadmit(ledger, pending, published, &admitted, was_pending);
             blocking(|| {
                 let _ = checkpoint.forget(&claim.uid);
                 let _ = specs.remove(claim.uid.as_str());

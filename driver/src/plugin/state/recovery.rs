@@ -85,6 +85,7 @@ impl State {
             options,
             storage,
         };
+        state.reconcile_mig().await;
         let published = state.first_inventory().await;
         // Capacities first: re-adopted claims are checked against them as they come back.
         state.inner.lock().await.ledger.set_capacity(capacities(&published));
@@ -181,7 +182,10 @@ impl State {
                         self.storage.specs.read(claim.uid.as_str()).ok().flatten()
                     };
                     match spec {
-                        Some(spec) => Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec })),
+                        Some(spec) => {
+                            let mig = self.holds_on_cards(&devices);
+                            Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec, mig }))
+                        }
                         None => Verdict::Gone("its spec vanished".into()),
                     }
                 }

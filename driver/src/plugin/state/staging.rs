@@ -42,10 +42,12 @@ impl Stager {
         (toolkit, joined(staging.await))
     }
 
-    /// Waits for the files and removes them unused.
-    pub(super) async fn discard(self) {
-        let work = joined(self.work.await);
-        blocking(|| drop(work));
+    /// Waits for the files and removes them unused; the toolkit's device names, looked up
+    /// meanwhile.
+    pub(super) async fn discard(self) -> Vec<String> {
+        let (toolkit, files) = joined(self.work.await);
+        blocking(|| drop(files));
+        toolkit
     }
 }
 

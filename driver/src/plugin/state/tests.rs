@@ -567,3 +567,6 @@ fn dead_client() -> kube::Client {
     let ClaimSource::Api { client, .. } = dead_api() else { unreachable!() };
     client
 }
+
+#[path = "mig_tests.rs"]
+mod mig_tests;

@@ -19,6 +19,7 @@ impl State {
         let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
         let Storage { checkpoint, specs, .. } = &self.storage;
+        self.release_instances(uid, prepared)?;
         if let Some(entry) = prepared.remove(uid) {
             if let Err(e) = blocking(|| checkpoint.forget(uid)) {
                 prepared.insert(uid.clone(), entry);

@@ -30,6 +30,9 @@ pub struct PreparedClaim {
     pub devices: Vec<ClaimDevice>,
     /// The CDI spec written for it (rewritten if the tmpfs CDI dir lost it).
     pub spec: cdi_spec::Spec,
+    /// The MIG instances its devices stand for (dynamic MIG only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<crate::plugin::mig::MigHold>,
 }
 
 /// A record on disk; written from a borrowed claim, read into an owned one.
@@ -350,7 +353,7 @@ mod tests {
         }];
         let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
         let spec = cdi_spec::Spec::new(&kind, vec![]).unwrap();
-        PreparedClaim { claim, devices, spec }
+        PreparedClaim { claim, devices, spec, mig: Vec::new() }
     }
 
     const A: &str = "0b7e2c4a-1111-4222-8333-444455556666";
