@@ -71,16 +71,35 @@ pub enum AdmitError {
 }
 
 /// Device capacities and the shares admitted against them.
+///
+/// Every operation costs the same however many shares are admitted (a node may hold thousands):
+/// what each device's shares take together is kept as they come and go, and shares are filed by
+/// claim. A share's amounts are kept as a short sorted list, not a map: a map's first node is
+/// 640 bytes, for three figures.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
     capacity: BTreeMap<DeviceName, Consumption>,
-    shares: BTreeMap<ShareKey, Consumption>,
+    /// Each claim's shares (usually one), with their amounts.
+    claims: BTreeMap<Uid, Vec<(ShareKey, Amounts)>>,
+    /// What the admitted shares of each device take together.
+    used: BTreeMap<DeviceName, Consumption>,
+}
+
+/// A share's amounts, sorted by capacity name.
+type Amounts = Box<[(Box<str>, Quantity)]>;
+
+fn amounts(consumption: &Consumption) -> Amounts {
+    consumption.iter().map(|(k, v)| (Box::from(k.as_str()), *v)).collect()
+}
+
+fn same(amounts: &Amounts, consumption: &Consumption) -> bool {
+    amounts.len() == consumption.len() && amounts.iter().zip(consumption).all(|((a, x), (b, y))| **a == **b && x == y)
 }
 
 impl Ledger {
     /// A ledger for devices with these capacity totals.
     pub fn new(capacity: BTreeMap<DeviceName, Consumption>) -> Self {
-        Self { capacity, shares: BTreeMap::new() }
+        Self { capacity, ..Self::default() }
     }
 
     /// Replaces the device set (after rediscovery); admitted shares are kept, even on devices
@@ -91,16 +110,12 @@ impl Ledger {
 
     /// Sum of what admitted shares consume of `device`.
     pub fn used(&self, device: &DeviceName) -> Consumption {
-        let mut used = Consumption::new();
-        for (key, consumption) in &self.shares {
-            if &key.device == device {
-                for (name, amount) in consumption {
-                    let entry = used.entry(name.clone()).or_insert(Quantity::ZERO.with_format(amount.format()));
-                    *entry = entry.checked_add(*amount).unwrap_or(*entry);
-                }
-            }
-        }
-        used
+        self.used.get(device).cloned().unwrap_or_default()
+    }
+
+    /// The amounts admitted for `key`, if it is.
+    fn get(&self, key: &ShareKey) -> Option<&Amounts> {
+        self.claims.get(&key.claim)?.iter().find(|(k, _)| k == key).map(|(_, a)| a)
     }
 
     /// Admits a share. Admitting the same share with the same consumption again is a no-op.
@@ -110,29 +125,51 @@ impl Ledger {
     // The error carries every number the operator needs; admission is rare, so size is no concern.
     #[allow(clippy::result_large_err)]
     pub fn admit(&mut self, key: ShareKey, consumption: Consumption) -> Result<(), AdmitError> {
-        if let Some(existing) = self.shares.get(&key) {
-            return if *existing == consumption {
+        if let Some(existing) = self.get(&key) {
+            return if same(existing, &consumption) {
                 Ok(())
             } else {
                 Err(AdmitError::Conflict { claim: key.claim, device: key.device })
             };
         }
         self.fits(&key, &consumption)?;
-        self.shares.insert(key, consumption);
+        self.insert(key, &consumption);
         Ok(())
+    }
+
+    /// Files a share not admitted yet and adds it to its device's total.
+    fn insert(&mut self, key: ShareKey, consumption: &Consumption) {
+        let used = self.used.entry(key.device.clone()).or_default();
+        for (name, amount) in consumption {
+            let entry = used.entry(name.clone()).or_insert(Quantity::ZERO.with_format(amount.format()));
+            *entry = entry.checked_add(*amount).unwrap_or(*entry);
+        }
+        // Sized for one: most claims have one share, and a Vec's first growth makes room for four.
+        let shares = self.claims.entry(key.claim.clone()).or_insert_with(|| Vec::with_capacity(1));
+        shares.push((key, amounts(consumption)));
+    }
+
+    /// Takes a released share's amounts off its device's total.
+    fn subtract(&mut self, key: &ShareKey, amounts: &Amounts) {
+        let Some(used) = self.used.get_mut(&key.device) else { return };
+        for (name, amount) in amounts {
+            if let Some(entry) = used.get_mut(&**name) {
+                *entry = entry.checked_sub(*amount).unwrap_or(*entry);
+            }
+        }
     }
 
     /// Whether a new share `key` taking `consumption` fits beside the admitted ones.
     #[allow(clippy::result_large_err)]
     fn fits(&self, key: &ShareKey, consumption: &Consumption) -> Result<(), AdmitError> {
-        match self.shares.get(key) {
+        match self.get(key) {
             // Already counted: checking it against a total that includes it would count it twice.
-            Some(existing) if existing == consumption => return Ok(()),
+            Some(existing) if same(existing, consumption) => return Ok(()),
             Some(_) => return Err(AdmitError::Conflict { claim: key.claim.clone(), device: key.device.clone() }),
             None => {}
         }
         let totals = self.capacity.get(&key.device).ok_or_else(|| AdmitError::UnknownDevice(key.device.clone()))?;
-        let used = self.used(&key.device);
+        let used = self.used.get(&key.device);
         for (name, requested) in consumption {
             let device = || key.device.clone();
             if requested.is_negative() {
@@ -140,7 +177,7 @@ impl Ledger {
             }
             let total =
                 *totals.get(name).ok_or_else(|| AdmitError::UnknownCapacity { device: device(), capacity: name.clone() })?;
-            let taken = used.get(name).copied().unwrap_or(Quantity::ZERO);
+            let taken = used.and_then(|u| u.get(name)).copied().unwrap_or(Quantity::ZERO);
             // Saturates at zero: a device that is already over (restored shares) has nothing free.
             let free = total.checked_sub(taken).ok().filter(|f| !f.is_negative()).unwrap_or(Quantity::ZERO);
             if *requested > free {
@@ -163,23 +200,22 @@ impl Ledger {
     #[allow(clippy::result_large_err)]
     pub fn restore(&mut self, key: ShareKey, consumption: Consumption) -> Option<AdmitError> {
         let over = match self.fits(&key, &consumption) {
+            Ok(()) if self.get(&key).is_some() => return None,
             Ok(()) => None,
             Err(e @ AdmitError::Conflict { .. }) => return Some(e),
             Err(e) => Some(e),
         };
-        self.shares.insert(key, consumption);
+        self.insert(key, &consumption);
         over
     }
 
     /// Devices whose admitted shares take more than the device has of some capacity (after a
     /// restart with a smaller configuration, or a device that shrank), with that capacity.
     pub fn overcommitted(&self) -> Vec<(DeviceName, String)> {
-        let devices: std::collections::BTreeSet<&DeviceName> = self.shares.keys().map(|k| &k.device).collect();
         let mut out = Vec::new();
-        for device in devices {
-            let used = self.used(device);
+        for (device, used) in &self.used {
             let Some(totals) = self.capacity.get(device) else { continue };
-            for (name, amount) in &used {
+            for (name, amount) in used {
                 if totals.get(name).is_some_and(|total| amount > total) {
                     out.push((device.clone(), name.clone()));
                 }
@@ -190,19 +226,28 @@ impl Ledger {
 
     /// Releases a share; unknown shares are ignored. Returns whether one was released.
     pub fn release(&mut self, key: &ShareKey) -> bool {
-        self.shares.remove(key).is_some()
+        let Some(shares) = self.claims.get_mut(&key.claim) else { return false };
+        let Some(at) = shares.iter().position(|(k, _)| k == key) else { return false };
+        let (key, amounts) = shares.swap_remove(at);
+        if shares.is_empty() {
+            self.claims.remove(&key.claim);
+        }
+        self.subtract(&key, &amounts);
+        true
     }
 
     /// Releases every share of a claim; returns how many.
     pub fn release_claim(&mut self, claim: &Uid) -> usize {
-        let before = self.shares.len();
-        self.shares.retain(|k, _| &k.claim != claim);
-        before - self.shares.len()
+        let shares = self.claims.remove(claim).unwrap_or_default();
+        for (key, amounts) in &shares {
+            self.subtract(key, amounts);
+        }
+        shares.len()
     }
 
     /// The admitted shares.
-    pub fn shares(&self) -> impl Iterator<Item = (&ShareKey, &Consumption)> {
-        self.shares.iter()
+    pub fn share_keys(&self) -> impl Iterator<Item = &ShareKey> {
+        self.claims.values().flatten().map(|(k, _)| k)
     }
 }
 

@@ -53,7 +53,7 @@ fn admit_is_idempotent_and_release_of_unknown_is_a_no_op() {
     let mut l = ledger();
     l.admit(key("a", "hami-gpu-0"), use_of("15Gi", "100")).unwrap();
     l.admit(key("a", "hami-gpu-0"), use_of("15Gi", "100")).unwrap();
-    assert_eq!(l.shares().count(), 1);
+    assert_eq!(l.share_keys().count(), 1);
     assert!(matches!(l.admit(key("a", "hami-gpu-0"), use_of("1Gi", "1")), Err(AdmitError::Conflict { .. })));
     assert!(!l.release(&key("zzz", "hami-gpu-0")));
     assert!(l.release(&key("a", "hami-gpu-0")));
@@ -71,7 +71,7 @@ fn unknown_devices_capacities_and_negative_amounts_are_refused() {
     odd.insert("watts".into(), q("5"));
     assert!(matches!(l.admit(key("a", "hami-gpu-0"), odd), Err(AdmitError::UnknownCapacity { .. })));
     assert!(matches!(l.admit(key("a", "hami-gpu-0"), use_of("-1Gi", "1")), Err(AdmitError::Negative { .. })));
-    assert_eq!(l.shares().count(), 0);
+    assert_eq!(l.share_keys().count(), 0);
 }
 
 proptest! {
@@ -90,6 +90,42 @@ proptest! {
             let used = l.used(&dev("g"));
             prop_assert!(used.get("memory").is_none_or(|m| m.as_u64_exact().unwrap() <= total_mib << 20));
             prop_assert!(used.get("cores").is_none_or(|c| c.value_ceil().unwrap() <= 100));
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn the_totals_kept_are_the_sum_of_the_shares_admitted(ops in prop::collection::vec((0u8..8, 0u8..2, 1u64..4096, 0u8..3), 1..120)) {
+        let mut l = Ledger::new(BTreeMap::from([
+            (dev("g0"), Consumption::from([("memory".into(), Quantity::from_bytes(16 << 30))])),
+            (dev("g1"), Consumption::from([("memory".into(), Quantity::from_bytes(16 << 30))])),
+        ]));
+        let mut model: BTreeMap<ShareKey, u64> = BTreeMap::new();
+        for (claim, card, mib, op) in ops {
+            let claim = Uid::new(format!("c{claim}")).unwrap();
+            let k = ShareKey { claim: claim.clone(), request: format!("r{card}"), device: dev(&format!("g{card}")), share: None };
+            match op {
+                0 => {
+                    if l.admit(k.clone(), Consumption::from([("memory".into(), Quantity::from_bytes(mib << 20))])).is_ok() {
+                        model.entry(k).or_insert(mib << 20);
+                    }
+                }
+                1 => {
+                    prop_assert_eq!(l.release(&k), model.remove(&k).is_some());
+                }
+                _ => {
+                    let had = model.keys().filter(|m| m.claim == claim).count();
+                    model.retain(|m, _| m.claim != claim);
+                    prop_assert_eq!(l.release_claim(&claim), had);
+                }
+            }
+            for card in ["g0", "g1"] {
+                let want: u64 = model.iter().filter(|(m, _)| m.device.as_str() == card).map(|(_, b)| b).sum();
+                let got = l.used(&dev(card)).get("memory").map_or(0, |q| q.as_u64_exact().unwrap());
+                prop_assert_eq!(got, want, "card {}", card);
+            }
+            prop_assert_eq!(l.share_keys().count(), model.len());
         }
     }
 }

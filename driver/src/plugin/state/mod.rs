@@ -249,7 +249,7 @@ impl State {
     pub async fn snapshot(&self) -> StateSnapshot {
         let (usage, prepared, overcommitted) = {
             let inner = self.inner.lock().await;
-            let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.shares().map(|(k, _)| k.device.clone()).collect();
+            let devices: std::collections::BTreeSet<DeviceName> = inner.ledger.share_keys().map(|k| k.device.clone()).collect();
             let usage = devices.into_iter().map(|d| (d.clone(), inner.ledger.used(&d))).collect();
             (usage, inner.prepared.values().cloned().collect::<Vec<_>>(), inner.overcommitted.clone())
         };
