@@ -45,6 +45,13 @@ struct Args {
     /// The vgpu-dra binary for the default command.
     #[arg(long, default_value = "target/release/vgpu-dra")]
     vgpu_dra: PathBuf,
+    /// Flags added to the default command, e.g. `--pod-watch=true --claim-status=false`: one
+    /// build measured under other settings.
+    #[arg(long, default_value = "")]
+    driver_args: String,
+    /// A command the default command runs under (a profiler such as `heaptrack -o FILE`).
+    #[arg(long, default_value = "")]
+    driver_wrapper: String,
     /// The plugin's DRA service socket; same placeholders.
     #[arg(long, default_value = "{dir}/kubelet/plugins/{driver}/dra.sock")]
     socket: String,
@@ -139,10 +146,12 @@ impl Args {
                     .with_context(|| format!("{} (build it: cargo build --release -p vgpu-dra)", self.vgpu_dra.display()))?;
                 // The environment the image and the chart give it (one malloc arena).
                 format!(
-                    "env MALLOC_ARENA_MAX=1 {} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
+                    "env MALLOC_ARENA_MAX=1 {} {} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
 --cdi-dir={{dir}}/cdi --hami-core-dir={{dir}}/vgpu --lock-dir={{dir}}/vgpulock --metrics-address=127.0.0.1:0 \
---driver-name={{driver}} --mock-gpus='8xNVIDIA H200:141Gi' --device-split-count=128",
-                    bin.display()
+--driver-name={{driver}} --mock-gpus='8xNVIDIA H200:141Gi' --device-split-count=128 {}",
+                    self.driver_wrapper,
+                    bin.display(),
+                    self.driver_args
                 )
             }
         };
