@@ -110,9 +110,28 @@ impl Staged {
     /// unchanged and the temp file removed.
     pub fn commit(self) -> io::Result<()> {
         let dir = self.target.parent().unwrap_or(Path::new("/")).to_owned();
-        self.tmp.persist(&self.target).map_err(|e| e.error)?;
-        sync(&File::open(dir)?)
+        self.rename()?;
+        sync_dir(&dir)
     }
+
+    /// First half of [`Staged::commit`]: renames the temp file over the target, without the
+    /// directory fsync, for a caller that shares one [`sync_dir`] among several renames (group
+    /// commit). Until that fsync returns, a crash may undo the rename.
+    ///
+    /// # Errors
+    /// As [`Staged::commit`]'s rename.
+    pub fn rename(self) -> io::Result<()> {
+        self.tmp.persist(&self.target).map(drop).map_err(|e| e.error)
+    }
+}
+
+/// `fsync(2)` of directory `dir`, counted: makes the renames and removals in it so far survive a
+/// crash.
+///
+/// # Errors
+/// The I/O error of the open or the fsync.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    sync(&File::open(dir)?)
 }
 
 /// Removes `path` so the removal survives a crash (directory fsync); a missing file is fine.

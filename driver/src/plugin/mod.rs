@@ -25,10 +25,11 @@
 //! 4. `containers.rs` checks how the pod's containers use the claim (the pod read through
 //!    `api/source.rs`) while `state/staging.rs` writes and fsyncs the record
 //!    (`storage/checkpoint.rs`) and the spec beside their names.
-//! 5. `state/prepare.rs` commits under the lock: the ledger admits the shares, the record and then
-//!    the spec are renamed into place, the claim's host directory made (`storage/host.rs`); a
-//!    `failpoint` sits between each step. The answer names the CDI devices, with the NVIDIA
-//!    toolkit's own (`storage/toolkit.rs`).
+//! 5. `state/prepare.rs` commits: under the lock the ledger admits the shares; outside it the
+//!    record is renamed into place and made durable by a directory fsync shared with the
+//!    prepares in flight, the claim's host directory made (`storage/host.rs`) and the spec
+//!    renamed into place; a `failpoint` sits between each step. The answer names the CDI
+//!    devices, with the NVIDIA toolkit's own (`storage/toolkit.rs`).
 //!
 //! A claim on a dynamic-MIG device (`mig.rs` says which) takes another road after step 4:
 //! `state/mig_steps.rs` admits it, records the intent, makes the instance, and writes the record

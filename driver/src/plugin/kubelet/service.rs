@@ -131,7 +131,14 @@ impl DraService {
                 let started = Instant::now();
                 // Names are checked before they reach an API path or a file name.
                 let result = match ClaimRef::new(&namespace, &name, &uid) {
-                    Ok(claim) => state.prepare(&claim).await.map_err(|e| (e.reason(), e.chain())),
+                    // On a task of its own: a prepare admitted in the ledger finishes making its
+                    // files visible (or undoes its admission) even if the kubelet gives up on the
+                    // call, whose answer is then dropped; a retry finds it prepared.
+                    Ok(claim) => match tokio::spawn(async move { state.prepare(&claim).await }).await {
+                        Ok(result) => result.map_err(|e| (e.reason(), e.chain())),
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        Err(_) => Err(("cancelled", "the prepare was cancelled: the driver is stopping".to_owned())),
+                    },
                     Err(e) => Err(("invalid_claim", e.to_string())),
                 };
                 let took = started.elapsed().as_secs_f64();

@@ -1,15 +1,18 @@
-//! Prepare and unprepare under one lock: the ledger, the checkpoint and the CDI spec files move
-//! together. Order of writes makes a crash at any point safe:
-//! prepare makes the checkpoint entry visible before the spec (a spec never exists without its
-//! entry), unprepare drops the entry before the spec (a left-over spec is an orphan, removed at
-//! start).
+//! Prepare and unprepare: the ledger, the checkpoint and the CDI spec files move together. Order
+//! of writes makes a crash at any point safe: prepare makes the checkpoint entry durable before
+//! the spec is visible (a spec never exists without its entry), unprepare drops the entry before
+//! the spec (a left-over spec is an orphan, removed at start).
 //!
 //! Nothing slow happens under the lock: claims and pods are read from the [`ClaimSource`] before
 //! it is taken, the inventory is a snapshot, the NVIDIA toolkit's specs are scanned while the
 //! claim is read, and the entry (fsynced) and the spec are written beside their names while the
-//! pod is read; under the lock they are only renamed into place. The spec is not fsynced: start-up
-//! rebuilds any spec a power loss took from its entry. Start-up and the periodic checks live in
-//! `recovery`.
+//! pod is read. Under the lock a prepare only admits the claim's shares in the ledger and marks
+//! it committing; then, without the lock, it renames its entry into place and waits for the
+//! checkpoint directory's fsync, which the prepares in flight share (group commit), and renames
+//! its spec; under the lock again the claim becomes prepared, or its shares are given back. A
+//! claim being committed is waited for by a second prepare or an unprepare of it and left alone
+//! by the sweeps. The spec is not fsynced: start-up rebuilds any spec a power loss took from its
+//! entry. Start-up and the periodic checks live in `recovery`.
 //!
 //! The one exception is dynamic MIG (`mig_steps`): a claim on a device that stands for a MIG
 //! instance has its instance made (or destroyed, at its last unprepare) under the lock, so
@@ -21,7 +24,7 @@ mod recovery;
 mod staging;
 mod unprepare;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,7 +40,8 @@ use super::device_status::device_statuses;
 use super::error::chain;
 use super::mig::{MigPrepare, MigTarget};
 use super::storage::blocking;
-use super::storage::checkpoint::{Checkpoint, PreparedClaim};
+use super::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
+use crate::coalesce::Coalesced;
 use super::storage::host::{HostError, ensure_claim_dir};
 use super::storage::spares::Spares;
 use super::storage::toolkit::ToolkitIndex;
@@ -118,6 +122,10 @@ pub struct State {
     emptying: Arc<std::sync::atomic::AtomicBool>,
     /// Where prepared claims' `status.devices` are written (none: not written).
     status: Option<StatusWriter>,
+    /// Woken whenever a claim leaves [`Inner::committing`].
+    committed: tokio::sync::Notify,
+    /// The checkpoint directory's fsync, shared by the prepares in flight (group commit).
+    record_sync: Coalesced<Result<(), Arc<CheckpointError>>>,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether
@@ -137,6 +145,9 @@ struct Inner {
     /// Prepared claims the API says are gone, since when.
     pub gone: BTreeMap<Uid, Instant>,
     pub overcommitted: Vec<(DeviceName, String)>,
+    /// Claims admitted whose files are being made visible, outside the lock: not prepared yet,
+    /// not to be prepared, unprepared or swept by anyone else until they leave.
+    pub committing: BTreeSet<Uid>,
 }
 
 impl Storage {
@@ -243,6 +254,23 @@ impl State {
             Some(mig) => blocking(|| mig.layout(&inventory, &self.config)),
             None => (publish(&inventory, &self.config), Vec::new()),
         })
+    }
+
+    /// The lock, once no prepare is committing claim `uid`: what a prepare or an unprepare of
+    /// it must see before acting on it.
+    async fn settled(&self, uid: &Uid) -> tokio::sync::MutexGuard<'_, Inner> {
+        loop {
+            let inner = self.inner.lock().await;
+            if !inner.committing.contains(uid) {
+                return inner;
+            }
+            // Registered before the lock is let go, so the wake-up cannot be missed.
+            let woken = self.committed.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            drop(inner);
+            woken.await;
+        }
     }
 
     /// Everything the metrics report, read at once.

@@ -95,47 +95,48 @@ impl State {
         Ok(Built { entry, object, published, targets, env })
     }
 
-    /// Admits a checked claim and makes its staged files visible, under the lock.
+    /// Admits a checked claim under the lock, then makes its staged files visible outside it:
+    /// prepares in flight rename their records side by side and share one directory fsync
+    /// ([`State::sync_records`]). The claim is marked committing meanwhile, so a second prepare
+    /// or an unprepare of it waits, and no sweep takes its directory.
     async fn commit(
         &self,
         entry: PreparedClaim,
         staged: StagedClaim,
         published: &[PublishedDevice],
     ) -> Result<PreparedClaim, PrepareError> {
-        let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, pending, .. } = &mut *inner;
-        let Storage { checkpoint, specs, .. } = &self.storage;
-        let claim = &entry.claim;
-        if let Some(existing) = prepared.get(&claim.uid) {
-            // A concurrent prepare of the same claim got here first.
-            let existing = existing.clone();
-            blocking(|| drop(staged));
-            return Ok(existing);
-        }
-        let (admitted, was_pending) = match admit(ledger, pending, published, &entry) {
-            Ok(admitted) => admitted,
-            Err(e) => {
+        let claim = entry.claim.clone();
+        let (admitted, was_pending) = {
+            let mut inner = self.settled(&claim.uid).await;
+            let Inner { ledger, prepared, pending, committing, .. } = &mut *inner;
+            if let Some(existing) = prepared.get(&claim.uid) {
+                // A concurrent prepare of the same claim got here first.
+                let existing = existing.clone();
                 blocking(|| drop(staged));
-                return Err(e);
+                return Ok(existing);
             }
+            let admitted = match admit(ledger, pending, published, &entry) {
+                Ok(admitted) => admitted,
+                Err(e) => {
+                    blocking(|| drop(staged));
+                    return Err(e);
+                }
+            };
+            committing.insert(claim.uid.clone());
+            admitted
         };
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         // A monitoring claim (admin access) has no HAMi-core, so no directory to discard either.
         let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
-        let written = blocking(|| {
-            let StagedClaim { record, spec } = staged;
-            record.commit()?;
-            fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
-            if host_dirs {
-                self.storage.make_claim_dir(&entry)?;
-            }
-            spec.commit()?;
-            fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
-            Ok::<_, PrepareError>(())
-        });
+        let written = self.make_visible(&entry, staged, host_dirs).await;
+        let mut inner = self.inner.lock().await;
+        let Inner { ledger, prepared, pending, committing, .. } = &mut *inner;
+        committing.remove(&claim.uid);
+        self.committed.notify_waiters();
         if let Err(e) = written {
             let keep_dir = was_pending.is_some();
             unadmit(ledger, pending, published, &admitted, was_pending);
+            let Storage { checkpoint, specs, .. } = &self.storage;
             blocking(|| {
                 let _ = checkpoint.forget(&claim.uid);
                 let _ = specs.remove(claim.uid.as_str());
@@ -149,6 +150,52 @@ impl State {
         prepared.insert(claim.uid.clone(), entry.clone());
         self.tell_prepared(&entry);
         Ok(entry)
+    }
+
+    /// The record renamed into place and made durable (the directory fsync shared with the
+    /// prepares in flight), then the claim's directory and its spec: a spec is never visible
+    /// before its record is durable. Runs without the lock; the claim is marked committing.
+    async fn make_visible(&self, entry: &PreparedClaim, staged: StagedClaim, host_dirs: bool) -> Result<(), PrepareError> {
+        let StagedClaim { record, spec } = staged;
+        if let Err(e) = blocking(|| record.rename()) {
+            blocking(|| drop(spec));
+            return Err(e.into());
+        }
+        if let Err(e) = self.sync_records().await {
+            blocking(|| drop(spec));
+            return Err(e);
+        }
+        fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
+        blocking(|| {
+            if host_dirs {
+                self.storage.make_claim_dir(entry)?;
+            }
+            spec.commit()?;
+            fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
+            Ok(())
+        })
+    }
+
+    /// Makes every record renamed so far durable: one fsync of the checkpoint directory started
+    /// after the caller arrived, shared by every caller waiting for it (group commit), on a
+    /// blocking thread that finishes even if its caller is dropped.
+    async fn sync_records(&self) -> Result<(), PrepareError> {
+        let checkpoint = self.storage.checkpoint.clone();
+        let synced = self
+            .record_sync
+            .get(|| async move {
+                match tokio::task::spawn_blocking(move || checkpoint.sync()).await {
+                    Ok(result) => result.map_err(std::sync::Arc::new),
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                }
+            })
+            .await;
+        synced.map_err(|e| {
+            PrepareError::Checkpoint(crate::plugin::storage::checkpoint::CheckpointError::Io {
+                path: self.storage.checkpoint.dir().to_owned(),
+                source: std::io::Error::other(e),
+            })
+        })
     }
 
     /// Refuses a claim whose limits would be wrong in one of its pod's containers: HAMi-core's

@@ -72,6 +72,7 @@ impl State {
                 pending: BTreeMap::new(),
                 gone: BTreeMap::new(),
                 overcommitted: Vec::new(),
+                committing: std::collections::BTreeSet::new(),
             }),
             claims,
             source,
@@ -82,6 +83,8 @@ impl State {
             spares: Arc::default(),
             emptying: Arc::default(),
             status: None,
+            committed: tokio::sync::Notify::new(),
+            record_sync: crate::coalesce::Coalesced::default(),
             options,
             storage,
         };
@@ -197,7 +200,11 @@ impl State {
 
     /// Takes a claim back as prepared: checkpoint record, ledger shares.
     async fn adopt(&self, entry: PreparedClaim) {
-        let mut inner = self.inner.lock().await;
+        let mut inner = self.settled(&entry.claim.uid).await;
+        if inner.prepared.contains_key(&entry.claim.uid) && !inner.pending.contains_key(&entry.claim.uid) {
+            // The kubelet prepared it again meanwhile: its own record stands.
+            return;
+        }
         tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec and the API");
         if let Err(e) = blocking(|| self.storage.checkpoint.record(&entry)) {
             tracing::error!(claim = %entry.claim, error = %chain(&e), "re-adopted claim not checkpointed; kept in memory");
@@ -354,7 +361,7 @@ impl State {
         };
         for name in names {
             let Some(uid) = name.to_str().and_then(|n| Uid::new(n).ok()) else { continue };
-            if !inner.prepared.contains_key(&uid) && !inner.pending.contains_key(&uid) {
+            if !inner.prepared.contains_key(&uid) && !inner.pending.contains_key(&uid) && !inner.committing.contains(&uid) {
                 tracing::info!(claim = %uid, "removing the directory of a claim that is not prepared");
                 self.discard_dir(&uid);
             }

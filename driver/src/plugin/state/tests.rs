@@ -570,3 +570,5 @@ fn dead_client() -> kube::Client {
 
 #[path = "mig_tests.rs"]
 mod mig_tests;
+
+mod concurrency;

@@ -16,7 +16,7 @@ impl State {
     /// # Errors
     /// When the checkpoint or spec cannot be written (the kubelet retries).
     pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
-        let mut inner = self.inner.lock().await;
+        let mut inner = self.settled(uid).await;
         let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
         let Storage { checkpoint, specs, .. } = &self.storage;
         self.release_instances(uid, prepared)?;

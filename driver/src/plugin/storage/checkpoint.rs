@@ -278,6 +278,15 @@ impl Checkpoint {
         }
     }
 
+    /// Makes every record renamed into the checkpoint so far ([`StagedRecord::rename`]) survive
+    /// a crash: one fsync of the directory.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] naming the directory.
+    pub fn sync(&self) -> Result<(), CheckpointError> {
+        crate::fsutil::sync_dir(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })
+    }
+
     /// Removes `uid`'s record durably; a missing one is fine.
     ///
     /// # Errors
@@ -303,6 +312,16 @@ impl StagedRecord {
     pub fn commit(self) -> Result<(), CheckpointError> {
         let Self { staged, path } = self;
         staged.commit().map_err(|source| CheckpointError::Io { path, source })
+    }
+
+    /// First half of [`StagedRecord::commit`]: the rename, without the directory fsync that
+    /// makes it durable ([`Checkpoint::sync`], which one fsync can do for many records).
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`]; a previous record is then unchanged.
+    pub fn rename(self) -> Result<(), CheckpointError> {
+        let Self { staged, path } = self;
+        staged.rename().map_err(|source| CheckpointError::Io { path, source })
     }
 }
 
