@@ -246,6 +246,7 @@ impl App {
         let driver = config.driver_name.to_string();
         let pod_watch = node_pods.map(|pods| tokio::spawn(pods.run(client, DEFAULT_API_TIMEOUT, cancel.clone())));
         let maintenance = tokio::spawn(state.clone().maintain(state_check, cancel.clone()));
+        let trimming = tokio::spawn(crate::alloc::trim_after_bursts(state.changes(), cancel.clone()));
         let registered = Arc::new(AtomicBool::new(false));
         let (health_tx, health_rx) = tokio::sync::watch::channel(Vec::new());
         let health_feed = tokio::spawn(plugin::kubelet::health::follow_snapshots(snapshots, config, health_tx, cancel.clone()));
@@ -278,7 +279,7 @@ impl App {
                     let _ = writer.await;
                 }
             };
-            let _ = tokio::join!(plugin, publisher, http, health_feed, maintenance, optional);
+            let _ = tokio::join!(plugin, publisher, http, health_feed, maintenance, trimming, optional);
         })
     }
 }

@@ -5,6 +5,7 @@
 //! monitor of HAMi-core's regions ([`monitor`]) and the command-line front end ([`cli`]). The arithmetic lives in `vgpu-scheduling`, the CDI file
 //! handling in `cdi-spec`, the kubelet's wire contracts in `vgpu-dra-proto`.
 
+pub mod alloc;
 pub mod backoff;
 pub mod cli;
 pub mod coalesce;

@@ -24,6 +24,7 @@ fn prepared(uid: &str, cards: &[&str], env: &[(&str, &str)]) -> PreparedClaim {
         devices: Vec::new(),
         spec: serde_json::from_value(spec).unwrap(),
         mig: Vec::new(),
+        consumer: None,
     }
 }
 

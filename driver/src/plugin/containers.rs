@@ -7,6 +7,16 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
+/// The pod a claim was prepared for and the names of its containers that use it: what the
+/// metrics and the node monitor say of a prepared claim, kept so that neither reads the pod again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Consumer {
+    /// The pod's name.
+    pub pod: String,
+    /// Its containers (init containers included) that use the claim.
+    pub containers: Vec<String>,
+}
+
 /// How one container uses the claim being prepared.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerUse {

@@ -71,7 +71,7 @@ mod tests {
     fn record(devices: Vec<ClaimDevice>, env: &[&str]) -> PreparedClaim {
         let mut spec = Spec::new(&Kind::new("k8s.gpu.example.com", "claim").unwrap(), Vec::new()).unwrap();
         spec.container_edits.env = env.iter().map(|e| (*e).to_owned()).collect();
-        PreparedClaim { claim: ClaimRef::new("ns", "c", "u-1").unwrap(), devices, spec, mig: Vec::new() }
+        PreparedClaim { claim: ClaimRef::new("ns", "c", "u-1").unwrap(), devices, spec, mig: Vec::new(), consumer: None }
     }
 
     fn data(entry: &AllocatedDeviceStatus) -> DeviceStatusData {

@@ -3,6 +3,7 @@
 //! call has a deadline.
 
 pub mod node_pods;
+mod pod_store;
 pub mod read;
 mod slim;
 pub mod source;

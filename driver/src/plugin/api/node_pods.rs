@@ -48,6 +48,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
+use super::pod_store::{Read, Slot, Store, admit, remove};
 use super::read::{Cached, SourceError, get_current};
 use super::slim;
 use crate::backoff::Backoff;
@@ -105,54 +106,6 @@ struct Shared {
     metrics: Option<ReadAheadMetrics>,
 }
 
-/// What the watch and the reads ahead have found.
-#[derive(Default)]
-struct Store {
-    /// Pods by UID, as [`slim::pod`] keeps them, with the claims already asked for.
-    pods: HashMap<String, PodEntry>,
-    /// While the watch relists: the pods listed so far, which replace `pods` when it is done.
-    relisting: Option<HashMap<String, PodEntry>>,
-    /// Claims read or being read ahead, by `namespace/name`.
-    claims: HashMap<String, Slot>,
-    /// The watch failed since its last full list: it may have missed a pod's deletion, so
-    /// nothing read ahead is handed out until the next list is done.
-    stale: bool,
-}
-
-/// A pod as kept (as JSON: a parsed `Pod` takes several kilobytes even when nearly empty, and a
-/// node may hold many pending pods), and the claims of it read ahead (by name), so an update
-/// reads none twice.
-struct PodEntry {
-    namespace: String,
-    name: String,
-    json: Box<[u8]>,
-    asked: Vec<String>,
-}
-
-/// One claim read ahead.
-enum Slot {
-    /// Its read is under way; the sender says when it is done.
-    Reading { done: watch::Receiver<bool> },
-    /// Read with UID `uid` at `read`, allocated here and reserved for the pod with UID `pod`;
-    /// kept as JSON until a prepare takes it (the same reason as for pods).
-    Ready { uid: String, pod: String, read: tokio::time::Instant, json: Box<[u8]> },
-}
-
-/// One read ahead to start: the claim `namespace/name` of the pod with UID `pod`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Read {
-    namespace: String,
-    name: String,
-    pod: String,
-}
-
-impl Read {
-    /// `namespace/name`, the key of its [`Slot`] (as [`ClaimRef::key`] makes it for a prepare).
-    fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
-    }
-}
-
 impl NodePods {
     /// An empty store for the claims of `driver` on `node`.
     pub fn new(driver: impl Into<String>, node: impl Into<String>, metrics: Option<ReadAheadMetrics>) -> Self {
@@ -178,7 +131,7 @@ impl NodePods {
         if entry.namespace != namespace.as_str() || entry.name != name.as_str() {
             return None;
         }
-        serde_json::from_slice(&entry.json).ok()
+        serde_json::from_slice(entry.json.as_deref()?).ok()
     }
 
     /// The claim the kubelet named, when it was read ahead and is still current: same UID, and
@@ -216,6 +169,29 @@ impl NodePods {
         drop(store);
         let result = if taken.is_some() { "used" } else { "missed" };
         self.count(result, taken)
+    }
+
+    /// Drops what was read ahead for the claim `claim`, just prepared: a retry reads the API,
+    /// and the kubelet prepares a claim once per pod. Its pod's JSON goes too once every claim
+    /// read ahead for it has been prepared.
+    pub fn prepared(&self, claim: &ClaimRef) {
+        let mut store = self.lock();
+        let key = claim.key();
+        let pod = match store.claims.get(&key) {
+            Some(Slot::Ready { uid, pod, .. }) if uid == claim.uid.as_str() => pod.clone(),
+            _ => return,
+        };
+        store.claims.remove(&key);
+        if let Some(entry) = store.pods.get_mut(&pod)
+            && entry.namespace == claim.namespace.as_str()
+        {
+            if !entry.prepared.iter().any(|n| n == claim.name.as_str()) {
+                entry.prepared.push(claim.name.to_string());
+            }
+            if !entry.awaits_prepares() {
+                entry.json = None;
+            }
+        }
     }
 
     /// Forgets what was read ahead of the claim `uid`: it was unprepared, so its pod is done
@@ -284,7 +260,7 @@ impl NodePods {
         let keep = found.filter(|c| self.reserved_here_for(c, &read.pod) && store.has_pod(&read.pod));
         let kept = keep.and_then(|claim| {
             let uid = claim.metadata.uid.clone()?;
-            let json = serde_json::to_vec(&slim::claim(&claim, slim::Keep::ForPrepare)).ok()?.into();
+            let json = serde_json::to_vec(&slim::claim(&claim)).ok()?.into();
             Some(Slot::Ready { uid, pod: read.pod.clone(), read: tokio::time::Instant::now(), json })
         });
         match kept {
@@ -411,80 +387,6 @@ impl NodePods {
         };
         get_current(&api, &name, timeout, || format!("ResourceClaim {namespace}/{name}"), judge).await
     }
-}
-
-/// Keeps `pod` in `into` when it is bound, names claims and is not on its way out; returns the
-/// claims of a pending pod not asked for yet. A pod leaving drops its claims read ahead.
-fn admit(
-    into: &mut HashMap<String, PodEntry>,
-    previous: Option<&HashMap<String, PodEntry>>,
-    claims: &mut HashMap<String, Slot>,
-    pod: Pod,
-) -> Vec<Read> {
-    let Some(uid) = pod.metadata.uid.clone() else { return Vec::new() };
-    let leaving = pod.metadata.deletion_timestamp.is_some()
-        || pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
-    let names = claim_names(&pod);
-    if leaving || names.is_empty() {
-        into.remove(&uid);
-        drop_claims_of(claims, &uid);
-        return Vec::new();
-    }
-    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|p| p == "Pending");
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let mut asked = into.get(&uid).or_else(|| previous.and_then(|p| p.get(&uid))).map(|e| e.asked.clone()).unwrap_or_default();
-    let mut reads = Vec::new();
-    if pending {
-        for name in names {
-            if !asked.contains(&name) {
-                asked.push(name.clone());
-                reads.push(Read { namespace: namespace.clone(), name, pod: uid.clone() });
-            }
-        }
-    }
-    let Ok(json) = serde_json::to_vec(&slim::pod(&pod)) else { return Vec::new() };
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    into.insert(uid, PodEntry { namespace, name, json: json.into(), asked });
-    reads
-}
-
-/// Forgets the pod `uid` and its claims read ahead.
-fn remove(store: &mut Store, uid: &str) {
-    store.pods.remove(uid);
-    if let Some(listing) = &mut store.relisting {
-        listing.remove(uid);
-    }
-    drop_claims_of(&mut store.claims, uid);
-}
-
-impl Store {
-    /// Whether the pod `uid` is bound here, as last listed or being listed.
-    fn has_pod(&self, uid: &str) -> bool {
-        self.pods.contains_key(uid) || self.relisting.as_ref().is_some_and(|l| l.contains_key(uid))
-    }
-}
-
-/// Drops the claims read ahead for the pod `uid`.
-fn drop_claims_of(claims: &mut HashMap<String, Slot>, uid: &str) {
-    claims.retain(|_, slot| !matches!(slot, Slot::Ready { pod, .. } if pod == uid));
-}
-
-/// The claims `pod` names: by name, or through its status for claims made from templates (the
-/// controller writes their names there before the pod can be scheduled).
-fn claim_names(pod: &Pod) -> Vec<String> {
-    let Some(entries) = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()) else { return Vec::new() };
-    let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
-    let mut names: Vec<String> = entries
-        .iter()
-        .filter_map(|e| {
-            e.resource_claim_name
-                .clone()
-                .or_else(|| statuses?.iter().find(|s| s.name == e.name).and_then(|s| s.resource_claim_name.clone()))
-        })
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 #[cfg(test)]

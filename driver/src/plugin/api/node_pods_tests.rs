@@ -126,6 +126,32 @@ async fn a_claim_read_ahead_is_handed_out_while_current_and_never_after() {
 }
 
 #[tokio::test]
+async fn what_was_read_ahead_goes_once_the_pods_claims_are_prepared() {
+    let pods = store();
+    let (ns, name) = (Namespace::new("ns").unwrap(), ObjectName::new("pod-p1").unwrap());
+    let p = pod("p1", "Pending", &[("a", Some("c1")), ("b", Some("c2"))]);
+    pods.apply(watcher::Event::Apply(p.clone()));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    pods.offer(&read("c2", "p1"), Some(claim("c2", "u2", NODE, "p1")));
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_some());
+    // A claim of another UID prepared under the same name drops nothing.
+    pods.prepared(&wanted("c1", "u-other"));
+    assert_eq!(pods.len().1, 2);
+    pods.prepared(&wanted("c1", "u1"));
+    assert!(pods.take(&wanted("c1", "u1"), WAIT).await.is_none(), "prepared: a retry reads the API");
+    assert!(pods.pod(&ns, &name, "p1").is_some(), "c2 is still to be prepared and reads the pod");
+    assert!(pods.take(&wanted("c2", "u2"), WAIT).await.is_some());
+    pods.prepared(&wanted("c2", "u2"));
+    assert_eq!(pods.len(), (1, 0), "the pod stays known as bound here");
+    assert!(pods.pod(&ns, &name, "p1").is_none(), "its JSON is gone");
+    // An update of the pod (it starts) keeps none either, and reads nothing again.
+    assert!(pods.apply(watcher::Event::Apply(p)).is_empty());
+    assert!(pods.pod(&ns, &name, "p1").is_none());
+    assert!(pods.apply(watcher::Event::Apply(pod("p1", "Running", &[("a", Some("c1")), ("b", Some("c2"))]))).is_empty());
+    assert!(pods.pod(&ns, &name, "p1").is_none());
+}
+
+#[tokio::test]
 async fn a_pod_that_leaves_takes_its_claims_read_ahead_with_it() {
     let pods = store();
     for (uid, name) in [("p1", "c1"), ("p2", "c2"), ("p3", "c3"), ("p4", "c4")] {

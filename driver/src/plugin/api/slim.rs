@@ -8,25 +8,14 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-/// Which fields of a claim to keep.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Keep {
-    /// Identity and whom it is reserved for: what the cache of claims read keeps (the metrics name
-    /// the pod). The allocation is not kept: a prepare always reads the claim anew.
-    Reservations,
-    /// Everything a prepare reads: also its requests and configuration, and its allocation.
-    ForPrepare,
-}
-
-/// `claim` with only the fields `keep` names; field managers, labels and the devices' status
-/// never.
-pub fn claim(claim: &ResourceClaim, keep: Keep) -> ResourceClaim {
-    let prepare = keep == Keep::ForPrepare;
+/// `claim` with only what a prepare reads: identity, requests and configuration, allocation and
+/// reservations; field managers, labels and the devices' status never.
+pub fn claim(claim: &ResourceClaim) -> ResourceClaim {
     ResourceClaim {
         metadata: identity(&claim.metadata),
-        spec: if prepare { claim.spec.clone() } else { Default::default() },
+        spec: claim.spec.clone(),
         status: claim.status.as_ref().map(|s| ResourceClaimStatus {
-            allocation: if prepare { s.allocation.clone() } else { None },
+            allocation: s.allocation.clone(),
             reserved_for: s.reserved_for.clone(),
             ..Default::default()
         }),

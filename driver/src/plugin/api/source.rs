@@ -10,9 +10,9 @@
 //! never from the API server's watch cache). A cached answer with the right UID, allocated here,
 //! proves nothing: a standalone claim keeps its UID when it is deallocated and allocated again,
 //! on this node, for another pod, and a lagging cache still shows the old devices and limits. The
-//! claims read are kept (identity and reservations only) in a small per-node cache until they
-//! are unprepared: the metrics and the periodic checks use it, and a check re-reads a claim only
-//! when its last read is older than the check asks.
+//! time each claim was last read current (same UID, allocated here) is kept until it is
+//! unprepared: a periodic check re-reads a claim only when that is older than the check asks.
+//! Nothing else of the claim is kept: the pod it was prepared for is in its record.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +26,6 @@ use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
 use super::node_pods::NodePods;
 use super::read::{Cached, SourceError, get, get_current};
-use super::slim;
 use crate::plugin::claim::{ClaimRef, allocated_here};
 
 /// How long one API read may take. Well under the kubelet's 45 s, and short enough that a batch
@@ -34,9 +33,9 @@ use crate::plugin::claim::{ClaimRef, allocated_here};
 /// within 5 s even when the API server hangs.
 pub const DEFAULT_API_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// This node's claims as last read from the API: only claims allocated here, each kept as its
-/// identity and reservations with the time it was read. Entries leave when the claim is unprepared
-/// or a read finds it gone or no longer ours, so the cache holds this node's claims only.
+/// When each of this node's claims was last read current from the API (same UID, allocated
+/// here): 48 bytes or so per claim. Entries leave when the claim is unprepared or a read finds it
+/// gone or no longer ours, so the cache holds this node's claims only.
 #[derive(Clone)]
 pub struct ClaimCache {
     driver: String,
@@ -44,8 +43,8 @@ pub struct ClaimCache {
     entries: Arc<Mutex<Entries>>,
 }
 
-/// Each claim read, with when it was read.
-type Entries = HashMap<Uid, (Arc<ResourceClaim>, Instant)>;
+/// When each claim was last read current.
+type Entries = HashMap<Uid, Instant>;
 
 impl ClaimCache {
     /// An empty cache for the claims of `driver` on `node`.
@@ -73,11 +72,11 @@ impl ClaimCache {
         found.metadata.uid.as_deref() == Some(claim.uid.as_str()) && allocated_here(found, &self.driver, &self.node)
     }
 
-    /// Keeps what a read found of `claim`, or forgets it when it is gone or not ours.
+    /// Notes what a read found of `claim`: current now, or gone or not ours.
     fn update(&self, claim: &ClaimRef, found: Option<&ResourceClaim>) {
         match found {
             Some(c) if self.current(claim, c) => {
-                self.lock().insert(claim.uid.clone(), (Arc::new(slim::claim(c, slim::Keep::Reservations)), Instant::now()));
+                self.lock().insert(claim.uid.clone(), Instant::now());
             }
             _ => {
                 self.lock().remove(&claim.uid);
@@ -135,23 +134,20 @@ impl ClaimSource {
         }
     }
 
-    /// The claim as last read, only if it is the one asked for (same UID) and was allocated
-    /// here then: no API call, for metrics.
-    pub fn cached(&self, claim: &ClaimRef) -> Option<Arc<ResourceClaim>> {
-        self.cached_within(claim, None)
+    /// Whether `claim` (same UID) was read allocated here less than `age` ago: no API call.
+    /// Fixed sources: whether they hold it.
+    pub fn read_within(&self, claim: &ClaimRef, age: Duration) -> bool {
+        match self {
+            Self::Api { cache: Some(cache), .. } => cache.lock().get(&claim.uid).is_some_and(|read| read.elapsed() < age),
+            Self::Api { .. } => false,
+            Self::Fixed { claims, .. } => named(claims, &claim.namespace, &claim.name).is_some(),
+        }
     }
 
-    /// As [`ClaimSource::cached`], only if it was read less than `age` ago (`None`: any age).
-    /// Fixed sources always answer.
-    pub fn cached_within(&self, claim: &ClaimRef, age: Option<Duration>) -> Option<Arc<ResourceClaim>> {
-        match self {
-            Self::Api { cache: Some(cache), .. } => {
-                let entries = cache.lock();
-                let (c, read) = entries.get(&claim.uid)?;
-                age.is_none_or(|age| read.elapsed() < age).then(|| c.clone())
-            }
-            Self::Api { .. } => None,
-            Self::Fixed { claims, .. } => named(claims, &claim.namespace, &claim.name).map(|c| Arc::new(c.clone())),
+    /// Drops what was read ahead for `claim`, now prepared (see [`NodePods::prepared`]).
+    pub fn prepared(&self, claim: &ClaimRef) {
+        if let Self::Api { node_pods: Some(pods), .. } = self {
+            pods.prepared(claim);
         }
     }
 
@@ -334,14 +330,9 @@ status: {{allocation: {{devices: {{results: [{{driver: {driver}, pool: {pool}, d
             (allocated("u1", "d", "n"), true),
         ] {
             cache.update(&want, Some(&found));
-            assert_eq!(source.cached(&want).is_some(), kept, "{found:?}");
+            assert_eq!(source.read_within(&want, Duration::from_secs(60)), kept, "{found:?}");
         }
-        let kept = source.cached(&want).unwrap();
-        assert!(kept.metadata.managed_fields.is_none(), "field managers are not kept");
-        assert!(kept.status.as_ref().is_some_and(|s| s.allocation.is_none()), "nor the allocation: a prepare reads anew");
-        assert_eq!(kept.metadata.uid.as_deref(), Some("u1"));
-        assert!(source.cached_within(&want, Some(Duration::from_secs(60))).is_some());
-        assert!(source.cached_within(&want, Some(Duration::ZERO)).is_none(), "too old for the check");
+        assert!(!source.read_within(&want, Duration::ZERO), "too old for the check");
         // A read that finds it gone, or another node's, drops it; so does an unprepare.
         cache.update(&want, None);
         assert!(cache.is_empty());
@@ -365,6 +356,13 @@ status: {{allocation: {{devices: {{results: [{{driver: {driver}, pool: {pool}, d
         assert!(matches!(err, SourceError::Timeout { .. }), "{err}");
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(err.to_string(), "reading ResourceClaim ns/c: no answer from the API server within 300ms");
+        // More reads than may run at once: those waiting for a turn keep the same deadline.
+        let reads = (0..3 * super::super::read::CONCURRENT_READS).map(|_| source.claim(&want));
+        let started = std::time::Instant::now();
+        for result in futures::future::join_all(reads).await {
+            assert!(matches!(result, Err(SourceError::Timeout { .. })), "{result:?}");
+        }
+        assert!(started.elapsed() < Duration::from_millis(900), "{:?}: a wait for a turn added a deadline", started.elapsed());
         drop(listener);
     }
 }

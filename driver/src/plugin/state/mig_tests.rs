@@ -184,6 +184,7 @@ async fn start_up_destroys_the_instance_of_a_prepare_interrupted_before_it_was_r
         devices: Vec::new(),
         spec: node.node.specs().read(&uid(2)).unwrap().unwrap(),
         mig: vec![MigHold::new(&target(&node, 19, 3, "hami-gpu-0-mig-1g-10gb-3"), None)],
+        consumer: None,
     };
     Checkpoint::new(node.node.checkpoint_dir()).record(&intent).unwrap();
     let orphan = node.sim.create(&node.card, 19, 3).unwrap();

@@ -126,6 +126,8 @@ pub struct State {
     committed: tokio::sync::Notify,
     /// The checkpoint directory's fsync, shared by the prepares in flight (group commit).
     record_sync: Coalesced<Result<(), Arc<CheckpointError>>>,
+    /// Counts the claims prepared and unprepared, for whoever acts after a burst of them.
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether
@@ -273,6 +275,16 @@ impl State {
         }
     }
 
+    /// Told of every claim prepared or unprepared from now on (a count).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Counts one claim prepared or unprepared.
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// Everything the metrics report, read at once.
     pub async fn snapshot(&self) -> StateSnapshot {
         let (usage, prepared, overcommitted) = {
@@ -284,8 +296,8 @@ impl State {
         let shares = prepared
             .iter()
             .flat_map(|p| {
-                // The pod from the claims last read only: metrics never call the API.
-                let pod = self.claims.cached(&p.claim).as_deref().and_then(consumer).map(|(name, _)| name);
+                // The pod as read at prepare: metrics never call the API.
+                let pod = p.consumer.as_ref().map(|c| c.pod.clone());
                 p.devices.iter().map(move |d| ShareUsage {
                     claim: p.claim.clone(),
                     pod: pod.clone(),
@@ -303,20 +315,18 @@ impl State {
         self.inner.lock().await.prepared.values().filter_map(f).collect()
     }
 
-    /// The pod a claim is reserved for and the names of its containers that use it: the claim as
-    /// last read (else read now), the pod as read ahead (else from the API server's cache).
+    /// The pod a claim is reserved for and the names of its containers that use it: as read at
+    /// its prepare, else (a claim prepared before a restart) the claim and its pod read now.
     /// `None` when the claim has no pod or the pod is not the one it names.
     ///
     /// # Errors
     /// When the API does not answer in time.
     pub async fn consumer_of(&self, claim: &ClaimRef) -> Result<Option<(String, Vec<String>)>, PrepareError> {
-        let object = match self.claims.cached(claim) {
-            Some(c) => c,
-            None => match self.claims.claim(claim).await? {
-                Some(c) => Arc::new(c),
-                None => return Ok(None),
-            },
-        };
+        let known = self.inner.lock().await.prepared.get(&claim.uid).and_then(|p| p.consumer.clone());
+        if let Some(c) = known {
+            return Ok(Some((c.pod, c.containers)));
+        }
+        let Some(object) = self.claims.claim(claim).await? else { return Ok(None) };
         let Some((pod_name, pod)) = self.reserved_pod(claim, &object).await? else { return Ok(None) };
         let containers = super::containers::uses_of(&pod, claim.name.as_str()).into_iter().map(|u| u.container).collect();
         Ok(Some((pod_name.to_string(), containers)))

@@ -9,7 +9,7 @@ use super::staging::StagedClaim;
 use super::{Inner, PreparedDevice, State, Storage, admit, unadmit};
 use crate::plugin::cdi::{build_spec, cdi_device_names, is_admin};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
-use crate::plugin::containers::{top_level_requests, uses_of};
+use crate::plugin::containers::{Consumer, top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::mig::MigTarget;
@@ -54,24 +54,29 @@ impl State {
         if !targets.is_empty() {
             // Its spec names instances that do not exist yet: nothing to stage.
             let (checked, toolkit) = tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.discard());
-            checked?;
+            let entry = PreparedClaim { consumer: checked?, ..entry };
             let entry = self.commit_mig(entry, &targets, &published, &env).await?;
+            self.claims.prepared(claim);
+            self.changed();
             return Ok(self.answer(entry, &toolkit, &published));
         }
         // The pod is read while the entry is written and fsynced (each about a millisecond); a
         // refused claim's files are removed unseen.
         let (checked, (toolkit, staged)) =
             tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry));
-        let staged = match (checked, staged) {
-            (Ok(()), Ok(staged)) => staged,
+        let (consumer, staged) = match (checked, staged) {
+            (Ok(consumer), Ok(staged)) => (consumer, staged),
             (Err(e), staged) => {
                 blocking(|| drop(staged));
                 return Err(e);
             }
-            (Ok(()), Err(e)) => return Err(e),
+            (Ok(_), Err(e)) => return Err(e),
         };
+        let entry = PreparedClaim { consumer, ..entry };
         fail_point(self.fail_at, FailPoint::PrepareStaged);
         let entry = self.commit(entry, staged, &published).await?;
+        self.claims.prepared(claim);
+        self.changed();
         Ok(self.answer(entry, &toolkit, &published))
     }
 
@@ -91,7 +96,7 @@ impl State {
             .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
         // The devices of the claim that stand for an instance, in the claim's order.
         let targets = devices.iter().filter_map(|d| targets.iter().find(|t| t.device == d.device).cloned()).collect();
-        let entry = PreparedClaim { claim: claim.clone(), devices, spec, mig: Vec::new() };
+        let entry = PreparedClaim { claim: claim.clone(), devices, spec, mig: Vec::new(), consumer: None };
         Ok(Built { entry, object, published, targets, env })
     }
 
@@ -201,16 +206,19 @@ impl State {
     /// Refuses a claim whose limits would be wrong in one of its pod's containers: HAMi-core's
     /// limits are indexed by the CUDA devices a container sees, the spec is per claim. A container
     /// using two claims of this driver would get index 0 twice (the runtime keeps the last); one
-    /// using some of the claim's requests would get the limits of all of them.
+    /// using some of the claim's requests would get the limits of all of them. The pod and its
+    /// containers that use the claim, when it is reserved for one.
     async fn check_containers(
         &self,
         claim: &ClaimRef,
         object: &ResourceClaim,
         devices: &[ClaimDevice],
-    ) -> Result<(), PrepareError> {
-        let Some((pod_name, pod)) = self.reserved_pod(claim, object).await? else { return Ok(()) };
+    ) -> Result<Option<Consumer>, PrepareError> {
+        let Some((pod_name, pod)) = self.reserved_pod(claim, object).await? else { return Ok(None) };
         let requests = top_level_requests(devices.iter().map(|d| d.request.as_str()));
+        let mut consumer = Consumer { pod: pod_name.to_string(), containers: Vec::new() };
         for usage in uses_of(&pod, claim.name.as_str()) {
+            consumer.containers.push(usage.container.clone());
             if let Some(named) = &usage.requests
                 && requests.len() > 1
                 && !requests.iter().all(|r| named.contains(r))
@@ -243,7 +251,7 @@ impl State {
                 }
             }
         }
-        Ok(())
+        Ok(Some(consumer))
     }
 
     /// The entry of an already prepared claim, with its spec restored when missing, unreadable

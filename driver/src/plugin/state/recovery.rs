@@ -85,6 +85,7 @@ impl State {
             status: None,
             committed: tokio::sync::Notify::new(),
             record_sync: crate::coalesce::Coalesced::default(),
+            changes: tokio::sync::watch::Sender::new(0),
             options,
             storage,
         };
@@ -187,7 +188,7 @@ impl State {
                     match spec {
                         Some(spec) => {
                             let mig = self.holds_on_cards(&devices);
-                            Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec, mig }))
+                            Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec, mig, consumer: None }))
                         }
                         None => Verdict::Gone("its spec vanished".into()),
                     }
@@ -398,7 +399,7 @@ impl State {
         let claims: Vec<ClaimRef> = self.inner.lock().await.prepared.values().map(|p| p.claim.clone()).collect();
         let recheck = self.options.deleted_claim_grace / 2;
         for claim in claims {
-            let alive = if self.claims.cached_within(&claim, Some(recheck)).is_some() {
+            let alive = if self.claims.read_within(&claim, recheck) {
                 Some(true)
             } else {
                 match self.claims.claim(&claim).await {

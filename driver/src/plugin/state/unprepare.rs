@@ -40,6 +40,7 @@ impl State {
         // Under the lock: a prepare of the same claim right after makes its directory anew.
         self.discard_dir(uid);
         drop(inner);
+        self.changed();
         Ok(())
     }
 

@@ -33,6 +33,10 @@ pub struct PreparedClaim {
     /// The MIG instances its devices stand for (dynamic MIG only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<crate::plugin::mig::MigHold>,
+    /// The pod it was prepared for, as read then; in memory only (the record is written while
+    /// the pod is read), so a record loaded at start has none and its pod is read when asked.
+    #[serde(skip)]
+    pub consumer: Option<crate::plugin::containers::Consumer>,
 }
 
 /// A record on disk; written from a borrowed claim, read into an owned one.
@@ -372,7 +376,7 @@ mod tests {
         }];
         let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
         let spec = cdi_spec::Spec::new(&kind, vec![]).unwrap();
-        PreparedClaim { claim, devices, spec, mig: Vec::new() }
+        PreparedClaim { claim, devices, spec, mig: Vec::new(), consumer: None }
     }
 
     const A: &str = "0b7e2c4a-1111-4222-8333-444455556666";

@@ -72,3 +72,50 @@ async fn prepares_and_unprepares_in_flight_end_as_last_asked() {
     let again = node.state(small_claims(N), vec![]).await;
     assert_eq!(again.prepared_count().await, kept.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_read_at_prepare_names_the_claims_consumer_without_another_read() {
+    let node = Node::new();
+    let pod: Pod = serde_saphyr::from_str(
+        r"
+metadata: {name: p, namespace: ns, uid: pod-1}
+spec:
+  resourceClaims: [{name: x, resourceClaimName: c1}]
+  initContainers: [{name: setup, image: i, resources: {claims: [{name: x}]}}]
+  containers: [{name: main, image: i, resources: {claims: [{name: x}]}}, {name: side, image: i}]
+",
+    )
+    .unwrap();
+    let c1 = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "1Gi", 10)], Some(("p", "pod-1")));
+    let state = node.state(vec![c1], vec![pod]).await;
+    state.prepare(&cref("c1", 1)).await.unwrap();
+    let consumers = state.each_prepared(|p| p.consumer.clone()).await;
+    assert_eq!(consumers, vec![crate::plugin::containers::Consumer { pod: "p".into(), containers: vec!["setup".into(), "main".into()] }]);
+    let shares = state.snapshot().await.shares;
+    assert_eq!(shares.iter().map(|s| s.pod.as_deref()).collect::<Vec<_>>(), vec![Some("p")]);
+    // Not in the record on disk: a restart knows no consumer until it reads the pod.
+    drop(state);
+    let again = node.state(vec![], vec![]).await;
+    assert_eq!(again.each_prepared(|p| Some(p.consumer.is_none())).await, vec![true]);
+}
+
+/// What the state holds per prepared claim, itemised by allocation site when run under
+/// heaptrack (BENCHMARKS.md, issue 35): 1,000 claims on 8 cards are prepared and the state is
+/// leaked, so every byte it holds shows as a leak of the site that allocated it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run under heaptrack"]
+async fn heap_held_for_1000_prepared_claims() {
+    let node = Node::new();
+    let source = Arc::new(MockSource::new("n1", parse_spec("8xNVIDIA H200:141Gi").unwrap()));
+    let storage = Storage { checkpoint: Checkpoint::new(node.checkpoint_dir()), cdi: node.cdi(), specs: node.specs() };
+    let claims: Vec<ResourceClaim> = (1..=1000)
+        .map(|i| claim(&format!("c{i}"), i, &[&share(&format!("hami-gpu-{}", i % 8), "gpu", i, "128Mi", 0)], None))
+        .collect();
+    let config = SharingConfig { device_split_count: 200, ..SharingConfig::default() };
+    let state = State::recover(fixed(claims, vec![]), source, config, "n1".into(), storage, StateOptions::default()).await.unwrap();
+    for i in 1..=1000 {
+        state.prepare(&cref(&format!("c{i}"), i)).await.unwrap();
+    }
+    assert_eq!(state.prepared_count().await, 1000);
+    std::mem::forget(state);
+}
