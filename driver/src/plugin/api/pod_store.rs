@@ -148,4 +148,3 @@ pub(super) fn claim_names(pod: &Pod) -> Vec<String> {
     names.dedup();
     names
 }
-

@@ -41,10 +41,10 @@ use super::error::chain;
 use super::mig::{MigPrepare, MigTarget};
 use super::storage::blocking;
 use super::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
-use crate::coalesce::Coalesced;
 use super::storage::host::{HostError, ensure_claim_dir};
 use super::storage::spares::Spares;
 use super::storage::toolkit::ToolkitIndex;
+use crate::coalesce::Coalesced;
 use crate::discovery::DeviceSource;
 
 pub use super::error::PrepareError;

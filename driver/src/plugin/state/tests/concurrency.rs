@@ -90,7 +90,10 @@ spec:
     let state = node.state(vec![c1], vec![pod]).await;
     state.prepare(&cref("c1", 1)).await.unwrap();
     let consumers = state.each_prepared(|p| p.consumer.clone()).await;
-    assert_eq!(consumers, vec![crate::plugin::containers::Consumer { pod: "p".into(), containers: vec!["setup".into(), "main".into()] }]);
+    assert_eq!(
+        consumers,
+        vec![crate::plugin::containers::Consumer { pod: "p".into(), containers: vec!["setup".into(), "main".into()] }]
+    );
     let shares = state.snapshot().await.shares;
     assert_eq!(shares.iter().map(|s| s.pod.as_deref()).collect::<Vec<_>>(), vec![Some("p")]);
     // Not in the record on disk: a restart knows no consumer until it reads the pod.
@@ -112,7 +115,8 @@ async fn heap_held_for_1000_prepared_claims() {
         .map(|i| claim(&format!("c{i}"), i, &[&share(&format!("hami-gpu-{}", i % 8), "gpu", i, "128Mi", 0)], None))
         .collect();
     let config = SharingConfig { device_split_count: 200, ..SharingConfig::default() };
-    let state = State::recover(fixed(claims, vec![]), source, config, "n1".into(), storage, StateOptions::default()).await.unwrap();
+    let state =
+        State::recover(fixed(claims, vec![]), source, config, "n1".into(), storage, StateOptions::default()).await.unwrap();
     for i in 1..=1000 {
         state.prepare(&cref(&format!("c{i}"), i)).await.unwrap();
     }
