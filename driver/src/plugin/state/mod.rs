@@ -36,6 +36,7 @@ use super::api::ClaimSource;
 use super::api::status::StatusWriter;
 use super::cdi::{CdiOptions, claim_dir, is_admin, region_file};
 use super::claim::{ClaimRef, consumer};
+use super::containers::Consumer;
 use super::device_status::device_statuses;
 use super::error::chain;
 use super::mig::{MigPrepare, MigTarget};
@@ -316,8 +317,9 @@ impl State {
     }
 
     /// The pod a claim is reserved for and the names of its containers that use it: as read at
-    /// its prepare, else (a claim prepared before a restart) the claim and its pod read now.
-    /// `None` when the claim has no pod or the pod is not the one it names.
+    /// its prepare, else (a claim prepared before a restart) the claim and its pod read now and
+    /// kept in its record for the metrics. `None` when the claim has no pod or the pod is not
+    /// the one it names.
     ///
     /// # Errors
     /// When the API does not answer in time.
@@ -328,7 +330,11 @@ impl State {
         }
         let Some(object) = self.claims.claim(claim).await? else { return Ok(None) };
         let Some((pod_name, pod)) = self.reserved_pod(claim, &object).await? else { return Ok(None) };
-        let containers = super::containers::uses_of(&pod, claim.name.as_str()).into_iter().map(|u| u.container).collect();
+        let containers: Vec<String> =
+            super::containers::uses_of(&pod, claim.name.as_str()).into_iter().map(|u| u.container).collect();
+        if let Some(entry) = self.inner.lock().await.prepared.get_mut(&claim.uid) {
+            entry.consumer = Some(Consumer { pod: pod_name.to_string(), containers: containers.clone() });
+        }
         Ok(Some((pod_name.to_string(), containers)))
     }
 

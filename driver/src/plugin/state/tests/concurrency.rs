@@ -96,10 +96,18 @@ spec:
     );
     let shares = state.snapshot().await.shares;
     assert_eq!(shares.iter().map(|s| s.pod.as_deref()).collect::<Vec<_>>(), vec![Some("p")]);
-    // Not in the record on disk: a restart knows no consumer until it reads the pod.
+    // Not in the record on disk: a restart knows no consumer until it reads the pod, and then
+    // keeps it for the metrics.
     drop(state);
-    let again = node.state(vec![], vec![]).await;
-    assert_eq!(again.each_prepared(|p| Some(p.consumer.is_none())).await, vec![true]);
+    let pod: Pod = serde_saphyr::from_str(
+        "metadata: {name: p, namespace: ns, uid: pod-1}\nspec:\n  resourceClaims: [{name: x, resourceClaimName: c1}]\n  containers: [{name: main, image: i, resources: {claims: [{name: x}]}}]\n",
+    )
+    .unwrap();
+    let c1 = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "1Gi", 10)], Some(("p", "pod-1")));
+    let again = node.state(vec![c1], vec![pod]).await;
+    assert_eq!(again.snapshot().await.shares.iter().map(|s| s.pod.clone()).collect::<Vec<_>>(), vec![None]);
+    assert_eq!(again.consumer_of(&cref("c1", 1)).await.unwrap(), Some(("p".to_owned(), vec!["main".to_owned()])));
+    assert_eq!(again.snapshot().await.shares.iter().map(|s| s.pod.as_deref()).collect::<Vec<_>>(), vec![Some("p")]);
 }
 
 /// What the state holds per prepared claim, itemised by allocation site when run under
