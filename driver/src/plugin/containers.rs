@@ -9,12 +9,19 @@ use k8s_openapi::api::core::v1::Pod;
 
 /// The pod a claim was prepared for and the names of its containers that use it: what the
 /// metrics and the node monitor say of a prepared claim, kept so that neither reads the pod again.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Consumer {
     /// The pod's name.
     pub pod: String,
     /// Its containers (init containers included) that use the claim.
     pub containers: Vec<String>,
+}
+
+impl Consumer {
+    /// The pod `pod` whose containers use the claim as `uses` (what [`uses_of`] found).
+    pub fn new(pod: impl Into<String>, uses: &[ContainerUse]) -> Self {
+        Self { pod: pod.into(), containers: uses.iter().map(|u| u.container.clone()).collect() }
+    }
 }
 
 /// How one container uses the claim being prepared.

@@ -127,13 +127,13 @@ impl Store {
 }
 
 /// Drops the claims read ahead for the pod `uid`.
-pub(super) fn drop_claims_of(claims: &mut HashMap<String, Slot>, uid: &str) {
+fn drop_claims_of(claims: &mut HashMap<String, Slot>, uid: &str) {
     claims.retain(|_, slot| !matches!(slot, Slot::Ready { pod, .. } if pod == uid));
 }
 
 /// The claims `pod` names: by name, or through its status for claims made from templates (the
 /// controller writes their names there before the pod can be scheduled).
-pub(super) fn claim_names(pod: &Pod) -> Vec<String> {
+fn claim_names(pod: &Pod) -> Vec<String> {
     let Some(entries) = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()) else { return Vec::new() };
     let statuses = pod.status.as_ref().and_then(|s| s.resource_claim_statuses.as_ref());
     let mut names: Vec<String> = entries

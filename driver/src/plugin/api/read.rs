@@ -34,9 +34,9 @@ pub enum SourceError {
 /// that answers a node's reads one or two at a time, and each one in flight beyond that is
 /// another pooled connection (TLS state and buffers, about 30 KiB) that stays open after the
 /// burst: 64 prepares in flight left 82 of them.
-pub const CONCURRENT_READS: usize = 8;
+pub const API_READS_AT_ONCE: usize = 8;
 
-static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CONCURRENT_READS);
+static READS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(API_READS_AT_ONCE);
 
 /// One GET of `name` with `params`, within `after` (waiting for a turn included); `None` when
 /// the API says it does not exist.

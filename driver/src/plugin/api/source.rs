@@ -357,7 +357,7 @@ status: {{allocation: {{devices: {{results: [{{driver: {driver}, pool: {pool}, d
         assert!(started.elapsed() < Duration::from_secs(5));
         assert_eq!(err.to_string(), "reading ResourceClaim ns/c: no answer from the API server within 300ms");
         // More reads than may run at once: those waiting for a turn keep the same deadline.
-        let reads = (0..3 * super::super::read::CONCURRENT_READS).map(|_| source.claim(&want));
+        let reads = (0..3 * super::super::read::API_READS_AT_ONCE).map(|_| source.claim(&want));
         let started = std::time::Instant::now();
         for result in futures::future::join_all(reads).await {
             assert!(matches!(result, Err(SourceError::Timeout { .. })), "{result:?}");

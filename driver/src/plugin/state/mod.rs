@@ -330,12 +330,11 @@ impl State {
         }
         let Some(object) = self.claims.claim(claim).await? else { return Ok(None) };
         let Some((pod_name, pod)) = self.reserved_pod(claim, &object).await? else { return Ok(None) };
-        let containers: Vec<String> =
-            super::containers::uses_of(&pod, claim.name.as_str()).into_iter().map(|u| u.container).collect();
+        let found = Consumer::new(pod_name.to_string(), &super::containers::uses_of(&pod, claim.name.as_str()));
         if let Some(entry) = self.inner.lock().await.prepared.get_mut(&claim.uid) {
-            entry.consumer = Some(Consumer { pod: pod_name.to_string(), containers: containers.clone() });
+            entry.consumer = Some(found.clone());
         }
-        Ok(Some((pod_name.to_string(), containers)))
+        Ok(Some((found.pod, found.containers)))
     }
 
     /// The pod `object` (the claim `claim`) is reserved for, with its name, when it still is that

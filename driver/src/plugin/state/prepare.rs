@@ -216,9 +216,8 @@ impl State {
     ) -> Result<Option<Consumer>, PrepareError> {
         let Some((pod_name, pod)) = self.reserved_pod(claim, object).await? else { return Ok(None) };
         let requests = top_level_requests(devices.iter().map(|d| d.request.as_str()));
-        let mut consumer = Consumer { pod: pod_name.to_string(), containers: Vec::new() };
-        for usage in uses_of(&pod, claim.name.as_str()) {
-            consumer.containers.push(usage.container.clone());
+        let uses = uses_of(&pod, claim.name.as_str());
+        for usage in &uses {
             if let Some(named) = &usage.requests
                 && requests.len() > 1
                 && !requests.iter().all(|r| named.contains(r))
@@ -226,7 +225,7 @@ impl State {
                 return Err(ClaimError::PartialClaim {
                     claim: claim.key(),
                     pod: pod_name.to_string(),
-                    container: usage.container,
+                    container: usage.container.clone(),
                     requests: named.iter().cloned().collect(),
                 }
                 .into());
@@ -245,13 +244,13 @@ impl State {
                         claim: claim.key(),
                         other: other.clone(),
                         pod: pod_name.to_string(),
-                        container: usage.container,
+                        container: usage.container.clone(),
                     }
                     .into());
                 }
             }
         }
-        Ok(Some(consumer))
+        Ok(Some(Consumer::new(pod_name.to_string(), &uses)))
     }
 
     /// The entry of an already prepared claim, with its spec restored when missing, unreadable

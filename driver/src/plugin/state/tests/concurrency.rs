@@ -87,7 +87,7 @@ spec:
     )
     .unwrap();
     let c1 = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "1Gi", 10)], Some(("p", "pod-1")));
-    let state = node.state(vec![c1], vec![pod]).await;
+    let state = node.state(vec![c1.clone()], vec![pod.clone()]).await;
     state.prepare(&cref("c1", 1)).await.unwrap();
     let consumers = state.each_prepared(|p| p.consumer.clone()).await;
     assert_eq!(
@@ -99,14 +99,12 @@ spec:
     // Not in the record on disk: a restart knows no consumer until it reads the pod, and then
     // keeps it for the metrics.
     drop(state);
-    let pod: Pod = serde_saphyr::from_str(
-        "metadata: {name: p, namespace: ns, uid: pod-1}\nspec:\n  resourceClaims: [{name: x, resourceClaimName: c1}]\n  containers: [{name: main, image: i, resources: {claims: [{name: x}]}}]\n",
-    )
-    .unwrap();
-    let c1 = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "1Gi", 10)], Some(("p", "pod-1")));
     let again = node.state(vec![c1], vec![pod]).await;
     assert_eq!(again.snapshot().await.shares.iter().map(|s| s.pod.clone()).collect::<Vec<_>>(), vec![None]);
-    assert_eq!(again.consumer_of(&cref("c1", 1)).await.unwrap(), Some(("p".to_owned(), vec!["main".to_owned()])));
+    assert_eq!(
+        again.consumer_of(&cref("c1", 1)).await.unwrap(),
+        Some(("p".to_owned(), vec!["setup".to_owned(), "main".to_owned()]))
+    );
     assert_eq!(again.snapshot().await.shares.iter().map(|s| s.pod.as_deref()).collect::<Vec<_>>(), vec![Some("p")]);
 }
 
