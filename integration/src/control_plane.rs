@@ -75,6 +75,23 @@ impl ControlPlane {
     /// # Errors
     /// When a component is missing or does not come up in time (its log is quoted).
     pub fn start_with(options: &PlaneOptions) -> anyhow::Result<Self> {
+        // The ports are picked free and then handed to the components, so another process (an
+        // outgoing connection of a test running beside this one) can take one in between: a
+        // bring-up that lost a port is made again on new ones.
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(options) {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!("control plane: a port was taken before its component bound it; starting again ({e:#})");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// One bring-up of [`ControlPlane::start_with`], on ports picked now.
+    fn start_once(options: &PlaneOptions) -> anyhow::Result<Self> {
         let started = Instant::now();
         let bins = components()?;
         let gates = if options.device_taint_rules {
