@@ -19,6 +19,10 @@ COPY --from=build /src/target/release/vgpu-dra /usr/bin/vgpu-dra
 # the blocking pool that writes CDI specs) an arena of its own, which kept ~7 MiB more resident
 # with 1,000 claims prepared (BENCHMARKS.md, "Claim reads") for no measurable speed.
 ENV MALLOC_ARENA_MAX=1
+# No per-thread malloc caches: each thread's tcache keeps up to 7 freed blocks of every small
+# size, which malloc_trim cannot give back; across the runtime's threads that kept ~3 MiB more
+# resident with 1,000 claims prepared (BENCHMARKS.md, issue 35), for no measurable speed.
+ENV GLIBC_TUNABLES=glibc.malloc.tcache_count=0
 # The driver writes the kubelet's plugin directories, CDI specs and HAMi-core's host files,
 # all root-owned host paths.
 USER 0:0

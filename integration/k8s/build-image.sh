@@ -113,4 +113,5 @@ binary="$1" name="$2" out="$3"
 driver_root "$binary"
 # ENV, USER, ENTRYPOINT and CMD as in the Dockerfile; PATH comes from distroless, as there.
 "$HERE/node/oci-image.sh" --cmd kubelet-plugin --user 0:0 --env MALLOC_ARENA_MAX=1 \
+	--env GLIBC_TUNABLES=glibc.malloc.tcache_count=0 \
 	--chown 65532:65532 home/nonroot "$root" "$name" "$out" /usr/bin/vgpu-dra

@@ -39,6 +39,7 @@ fn driver_image_is_laid_out_as_the_dockerfile_says() {
     let image = archive_config(&archive).unwrap();
     image.check_matches(&dockerfile).unwrap();
     assert!(image.env.iter().any(|e| e == "MALLOC_ARENA_MAX=1"), "{:?}", image.env);
+    assert!(image.env.iter().any(|e| e == "GLIBC_TUNABLES=glibc.malloc.tcache_count=0"), "{:?}", image.env);
     assert_eq!(image.binary, "/usr/bin/vgpu-dra");
 
     let paths = layer_paths(&archive).unwrap();

@@ -39,7 +39,7 @@ struct Args {
     driver_name: String,
     /// The plugin's command line, run by bash once per node; placeholders {node}, {dir},
     /// {kubeconfig}, {driver}. Default: vgpu-dra (--vgpu-dra) with 8 mock H200 per node, in the
-    /// environment its image gives it (MALLOC_ARENA_MAX=1).
+    /// environment its image gives it (one malloc arena, no tcache).
     #[arg(long)]
     driver_command: Option<String>,
     /// The vgpu-dra binary for the default command.
@@ -95,6 +95,10 @@ struct Args {
     /// Skip the single-node run.
     #[arg(long)]
     skip_single: bool,
+    /// Also save the driver's `/proc/<pid>/smaps` at the idle and the 1,000-prepared samples, as
+    /// `<this>.idle.smaps` and `<this>.prepared.smaps`, to see what each mapping holds.
+    #[arg(long)]
+    smaps: Option<PathBuf>,
     /// Pods in the webhook's admission-latency runs (0 skips them; vgpu-dra only).
     #[arg(long, default_value_t = 1000)]
     webhook_pods: usize,
@@ -144,9 +148,9 @@ impl Args {
             None => {
                 let bin = std::fs::canonicalize(&self.vgpu_dra)
                     .with_context(|| format!("{} (build it: cargo build --release -p vgpu-dra)", self.vgpu_dra.display()))?;
-                // The environment the image and the chart give it (one malloc arena).
+                // The environment the image and the chart give it (one malloc arena, no per-thread caches).
                 format!(
-                    "env MALLOC_ARENA_MAX=1 {} {} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
+                    "env MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 {} {} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
 --cdi-dir={{dir}}/cdi --hami-core-dir={{dir}}/vgpu --lock-dir={{dir}}/vgpulock --metrics-address=127.0.0.1:0 \
 --driver-name={{driver}} --mock-gpus='8xNVIDIA H200:141Gi' --device-split-count=128 {}",
                     self.driver_wrapper,
@@ -255,6 +259,9 @@ its output ends:\n{}",
     let steady = Duration::from_secs(args.steady_seconds);
     tokio::time::sleep(steady).await;
     let after_idle = procfs::sample(pid)?;
+    if let Some(prefix) = &args.smaps {
+        procfs::save_smaps(pid, &prefix.with_extension("idle.smaps"))?;
+    }
     let steady_requests = window.requests_of(&identity.user)?;
 
     cluster::create_claims(&plane, "c", args.claims, &args.claim_requests, Some(node))?;
@@ -270,10 +277,14 @@ its output ends:\n{}",
         }
     }
 
-    // Every claim prepared: memory, then the slices wiped the way a kubelet does.
+    // Every claim prepared: memory once settled (as for idle: the daemon gives a burst's freed
+    // pages back after a quiet second), then the slices wiped the way a kubelet does.
     run(&plugin, &claims, args.concurrency, true).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let with_prepared = procfs::sample(pid)?;
+    if let Some(prefix) = &args.smaps {
+        procfs::save_smaps(pid, &prefix.with_extension("prepared.smaps"))?;
+    }
     let count = cluster::slice_count(&client, &target.driver, node).await?;
     let mut wipe_recovery_ms = Vec::new();
     let mut wipe_not_recovered = None;

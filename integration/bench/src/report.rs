@@ -262,6 +262,10 @@ impl Report {
                 s.prepared_claims, s.with_prepared.rss_mib, s.with_prepared.cpu_seconds
             ));
             out.push_str(&format!(
+                "    of which anon / file      {:>5.1} / {:.1} MiB  (idle {:.1} / {:.1})\n",
+                s.with_prepared.rss_anon_mib, s.with_prepared.rss_file_mib, s.idle.rss_anon_mib, s.idle.rss_file_mib
+            ));
+            out.push_str(&format!(
                 "  steady-state API requests   {:>9.1} /min ({} writes in {:.0} s)\n",
                 s.steady_requests_per_minute, s.steady_requests.writes, s.steady_seconds
             ));
