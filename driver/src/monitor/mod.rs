@@ -28,6 +28,7 @@ use crate::plugin::cdi::{region_file, spec_env};
 use crate::plugin::claim::ClaimRef;
 use crate::plugin::state::State;
 use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::held_spec::HeldSpec;
 
 /// HAMi's monitor ticks every 5 s; HAMi-core's "recent kernel" counts in those ticks.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
@@ -72,23 +73,29 @@ pub struct Watched {
 impl Watched {
     /// The watch of a prepared claim; `None` for a spec without a region (not HAMi-core's).
     pub fn from_claim(p: &PreparedClaim) -> Option<Self> {
-        let file = region_file(&p.spec)?;
+        Self::new(&p.claim, &p.spec)
+    }
+
+    /// The watch of `claim` prepared with `spec`; `None` for a spec without a region.
+    pub fn new(claim: &ClaimRef, spec: &HeldSpec) -> Option<Self> {
+        let env = spec.env().ok()?;
+        let file = region_file(&env)?;
         let cards: Vec<String> =
-            spec_env(&p.spec, "NVIDIA_VISIBLE_DEVICES")?.split(',').filter(|c| !c.is_empty()).map(str::to_owned).collect();
+            spec_env(&env, "NVIDIA_VISIBLE_DEVICES")?.split(',').filter(|c| !c.is_empty()).map(str::to_owned).collect();
         let limits = (0..cards.len())
             .map(|i| {
-                spec_env(&p.spec, &format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"))
+                spec_env(&env, &format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"))
                     .and_then(|v| v.strip_suffix('m'))
                     .and_then(|mib| mib.parse::<u64>().ok())
                     .map_or(0, |mib| mib.saturating_mul(1 << 20))
             })
             .collect();
-        let priority = match spec_env(&p.spec, "CUDA_TASK_PRIORITY").map(|v| v.trim().parse::<i64>()) {
+        let priority = match spec_env(&env, "CUDA_TASK_PRIORITY").map(|v| v.trim().parse::<i64>()) {
             Some(Ok(p)) if p <= 0 => feedback::HIGH,
             _ => feedback::LOW,
         };
-        let policy = spec_env(&p.spec, "GPU_CORE_UTILIZATION_POLICY").map_or(Policy::Default, Policy::from_env);
-        Some(Self { claim: p.claim.clone(), file, cards, limits, priority, policy })
+        let policy = spec_env(&env, "GPU_CORE_UTILIZATION_POLICY").map_or(Policy::Default, Policy::from_env);
+        Some(Self { claim: claim.clone(), file, cards, limits, priority, policy })
     }
 }
 
@@ -245,7 +252,19 @@ impl Monitor {
     /// One tick: the prepared claims, their pods where still unknown, the regions, the metrics.
     pub async fn tick(&mut self) -> Tick {
         let started = Instant::now();
-        let watched = self.state.each_prepared(Watched::from_claim).await;
+        // Copied under the state's lock, read outside it and off the runtime: a tick never
+        // holds a prepare up while it parses a thousand specs.
+        let held = self.state.each_prepared(|p| Some((p.claim.clone(), p.spec.clone()))).await;
+        let read = tokio::task::spawn_blocking(move || {
+            held.iter().filter_map(|(claim, spec)| Watched::new(claim, spec)).collect::<Vec<_>>()
+        });
+        let watched = match read.await {
+            Ok(watched) => watched,
+            Err(e) => {
+                tracing::error!(error = %e, "monitor tick failed reading the prepared claims");
+                return Tick::default();
+            }
+        };
         let prepared: std::collections::BTreeSet<&Uid> = watched.iter().map(|w| &w.claim.uid).collect();
         self.consumers.retain(|uid, _| prepared.contains(uid));
         self.reported.retain(|uid, _| prepared.contains(uid));

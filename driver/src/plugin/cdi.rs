@@ -98,15 +98,16 @@ pub fn claim_dir(options: &CdiOptions, claim: &ClaimRef) -> PathBuf {
     options.claims_root.join(claim.uid.as_str())
 }
 
-/// The value of `key` in the environment a spec gives every container of its claim.
-pub fn spec_env<'a>(spec: &'a Spec, key: &str) -> Option<&'a str> {
-    spec.container_edits.env.iter().find_map(|e| e.strip_prefix(key)?.strip_prefix('='))
+/// The value of `key` in `env`, the environment a spec gives every container of its claim
+/// (`containerEdits.env`).
+pub fn spec_env<'a>(env: &'a [String], key: &str) -> Option<&'a str> {
+    env.iter().find_map(|e| e.strip_prefix(key)?.strip_prefix('='))
 }
 
-/// The name of the claim's HAMi-core region file inside its directory: the last component of the
-/// spec's `CUDA_DEVICE_MEMORY_SHARED_CACHE`, when it is a plain file name.
-pub fn region_file(spec: &Spec) -> Option<String> {
-    let path = Path::new(spec_env(spec, "CUDA_DEVICE_MEMORY_SHARED_CACHE")?);
+/// The name of the claim's HAMi-core region file inside its directory: the last component of
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` in the spec's `env`, when it is a plain file name.
+pub fn region_file(env: &[String]) -> Option<String> {
+    let path = Path::new(spec_env(env, "CUDA_DEVICE_MEMORY_SHARED_CACHE")?);
     let name = path.file_name()?.to_str()?;
     (!name.starts_with('.')).then(|| name.to_owned())
 }

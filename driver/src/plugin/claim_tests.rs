@@ -170,7 +170,7 @@ fn admin_access_takes_nothing_and_gets_no_limits() {
     assert_eq!(spec.container_edits.env, vec![format!("NVIDIA_VISIBLE_DEVICES={uuid}")]);
     assert!(spec.container_edits.mounts.is_empty(), "no preload, no claim directory: {:?}", spec.container_edits.mounts);
     assert_eq!(spec.devices[0].container_edits.device_nodes[0].path, "/dev/nvidia1");
-    assert!(crate::plugin::cdi::region_file(&spec).is_none(), "the monitor has nothing to watch");
+    assert!(crate::plugin::cdi::region_file(&spec.container_edits.env).is_none(), "the monitor has nothing to watch");
     let mixed = format!("{admin}\n      - {}", OURS.replace("request: gpu", "request: other"));
     assert!(matches!(check(&claim("", &mixed)), Err(ClaimError::MixedAdminAccess(_))));
 }

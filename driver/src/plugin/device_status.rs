@@ -13,7 +13,10 @@ use super::storage::checkpoint::PreparedClaim;
 /// The `status.devices` entries of a prepared claim, one per allocation result (driver, pool,
 /// device and share ID are the allocation's key), in the claim's order.
 pub fn device_statuses(record: &PreparedClaim, driver: &str, pool: &str) -> Vec<AllocatedDeviceStatus> {
-    let visible: Vec<&str> = spec_env(&record.spec, "NVIDIA_VISIBLE_DEVICES").map(|v| v.split(',').collect()).unwrap_or_default();
+    // Only a bug makes the held spec unreadable; then the status says no limits, which the
+    // containers' own environment still sets.
+    let env = record.spec.env().unwrap_or_default();
+    let visible: Vec<&str> = spec_env(&env, "NVIDIA_VISIBLE_DEVICES").map(|v| v.split(',').collect()).unwrap_or_default();
     // The spec numbers the claim's distinct cards in the order they first appear.
     let mut cards: Vec<&vgpu_scheduling::DeviceName> = Vec::new();
     record
@@ -24,7 +27,7 @@ pub fn device_statuses(record: &PreparedClaim, driver: &str, pool: &str) -> Vec<
                 cards.push(&d.device);
                 cards.len() - 1
             });
-            let indexed = |key: &str| spec_env(&record.spec, &format!("{key}_{index}")).map(str::to_owned);
+            let indexed = |key: &str| spec_env(&env, &format!("{key}_{index}")).map(str::to_owned);
             let data = DeviceStatusData {
                 uuid: visible.get(index).map_or_else(|| d.device.to_string(), |u| (*u).to_owned()),
                 cuda_index: index,
@@ -32,7 +35,7 @@ pub fn device_statuses(record: &PreparedClaim, driver: &str, pool: &str) -> Vec<
                 sm_limit: if d.admin {
                     None
                 } else {
-                    indexed("CUDA_DEVICE_SM_LIMIT").or_else(|| spec_env(&record.spec, "CUDA_DEVICE_SM_LIMIT").map(str::to_owned))
+                    indexed("CUDA_DEVICE_SM_LIMIT").or_else(|| spec_env(&env, "CUDA_DEVICE_SM_LIMIT").map(str::to_owned))
                 },
                 admin_access: d.admin,
             };
@@ -71,7 +74,13 @@ mod tests {
     fn record(devices: Vec<ClaimDevice>, env: &[&str]) -> PreparedClaim {
         let mut spec = Spec::new(&Kind::new("k8s.gpu.example.com", "claim").unwrap(), Vec::new()).unwrap();
         spec.container_edits.env = env.iter().map(|e| (*e).to_owned()).collect();
-        PreparedClaim { claim: ClaimRef::new("ns", "c", "u-1").unwrap(), devices, spec, mig: Vec::new(), consumer: None }
+        PreparedClaim {
+            claim: ClaimRef::new("ns", "c", "u-1").unwrap(),
+            devices,
+            spec: (&spec).into(),
+            mig: Vec::new(),
+            consumer: None,
+        }
     }
 
     fn data(entry: &AllocatedDeviceStatus) -> DeviceStatusData {

@@ -5,6 +5,7 @@ use super::api::SourceError;
 use super::cdi::BuildError;
 use super::claim::ClaimError;
 use super::storage::checkpoint::CheckpointError;
+use super::storage::held_spec::HeldSpecError;
 use super::storage::host::HostError;
 use crate::discovery::DiscoveryError;
 
@@ -47,6 +48,9 @@ pub enum PrepareError {
     /// A host directory of the claim could not be made or removed.
     #[error(transparent)]
     Host(#[from] HostError),
+    /// The spec held for a prepared claim did not read back (a bug, not the claim's fault).
+    #[error(transparent)]
+    HeldSpec(#[from] HeldSpecError),
     /// Making or destroying the MIG instance a device stands for failed.
     #[error("claim {claim}: MIG instance of device {device}")]
     Mig {
@@ -81,7 +85,7 @@ impl PrepareError {
             Self::Admit(_) => "over_capacity",
             Self::Discovery(_) => "discovery",
             Self::Spec { .. } => "spec",
-            Self::Checkpoint(_) | Self::SpecFile(_) | Self::Host(_) => "storage",
+            Self::Checkpoint(_) | Self::SpecFile(_) | Self::Host(_) | Self::HeldSpec(_) => "storage",
             Self::Mig { .. } | Self::MigNodes { .. } => "mig",
         }
     }

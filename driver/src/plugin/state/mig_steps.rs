@@ -19,6 +19,7 @@ use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::mig::{MigHold, MigPrepare, MigTarget};
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::held_spec::HeldSpec;
 
 impl State {
     fn mig(&self) -> Result<&MigPrepare, PrepareError> {
@@ -162,7 +163,7 @@ impl State {
             device,
             reason,
         })?;
-        entry.spec = spec;
+        entry.spec = HeldSpec::new(&spec);
         let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
         let entry = &*entry;
         blocking(|| {
@@ -171,7 +172,7 @@ impl State {
             if host_dirs {
                 self.storage.make_claim_dir(entry)?;
             }
-            self.storage.specs.write(claim.uid.as_str(), &entry.spec)?;
+            self.storage.specs.write(claim.uid.as_str(), &spec)?;
             fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
             Ok(())
         })

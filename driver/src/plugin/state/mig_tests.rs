@@ -182,7 +182,7 @@ async fn start_up_destroys_the_instance_of_a_prepare_interrupted_before_it_was_r
     let intent = PreparedClaim {
         claim: cref("c1", 1),
         devices: Vec::new(),
-        spec: node.node.specs().read(&uid(2)).unwrap().unwrap(),
+        spec: (&node.node.specs().read(&uid(2)).unwrap().unwrap()).into(),
         mig: vec![MigHold::new(&target(&node, 19, 3, "hami-gpu-0-mig-1g-10gb-3"), None)],
         consumer: None,
     };

@@ -42,7 +42,7 @@ use super::error::chain;
 use super::mig::{MigPrepare, MigTarget};
 use super::storage::blocking;
 use super::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim};
-use super::storage::host::{HostError, ensure_claim_dir};
+use super::storage::host::ensure_claim_dir;
 use super::storage::spares::Spares;
 use super::storage::toolkit::ToolkitIndex;
 use crate::coalesce::Coalesced;
@@ -165,7 +165,7 @@ impl Storage {
     fn restore_spec(&self, entry: &PreparedClaim, host_dirs: bool) -> Result<Option<String>, PrepareError> {
         let uid = entry.claim.uid.as_str();
         let was = match blocking(|| self.specs.read(uid)) {
-            Ok(Some(spec)) if spec == entry.spec => return Ok(None),
+            Ok(Some(spec)) if entry.spec.is(&spec) => return Ok(None),
             Ok(Some(_)) => "changed on disk".to_owned(),
             Ok(None) => "missing".to_owned(),
             Err(e) => chain(&e),
@@ -179,7 +179,7 @@ impl Storage {
             {
                 let _ = std::fs::remove_dir_all(&path);
             }
-            self.specs.write(uid, &entry.spec).map(|_| ()).map_err(PrepareError::from)
+            self.specs.write(uid, &entry.spec.parse()?).map(|_| ()).map_err(PrepareError::from)
         })?;
         Ok(Some(was))
     }
@@ -190,12 +190,13 @@ impl Storage {
     /// initialise; a monitoring claim (admin access) has no HAMi-core, so none.
     ///
     /// # Errors
-    /// [`HostError`] naming the path.
-    fn make_claim_dir(&self, entry: &PreparedClaim) -> Result<(), HostError> {
+    /// [`PrepareError::Host`] naming the path.
+    fn make_claim_dir(&self, entry: &PreparedClaim) -> Result<(), PrepareError> {
         if is_admin(&entry.devices) {
             return Ok(());
         }
-        ensure_claim_dir(&claim_dir(&self.cdi, &entry.claim), region_file(&entry.spec).as_deref())
+        let env = entry.spec.env()?;
+        Ok(ensure_claim_dir(&claim_dir(&self.cdi, &entry.claim), region_file(&env).as_deref())?)
     }
 }
 

@@ -21,6 +21,8 @@ use crate::plugin::storage::toolkit::toolkit_id;
 struct Built {
     /// Its record as it would be written.
     entry: PreparedClaim,
+    /// Its spec, parsed (the record holds it as text).
+    spec: cdi_spec::Spec,
     /// The claim as read.
     object: ResourceClaim,
     /// The devices it was worked out against.
@@ -44,7 +46,7 @@ impl State {
         // The files are made while the claim is read (a create can take a millisecond); a
         // claim refused before staging has them removed unused.
         let stager = self.stager();
-        let Built { entry, object, published, targets, env } = match self.entry_for(claim).await {
+        let Built { entry, spec, object, published, targets, env } = match self.entry_for(claim).await {
             Ok(built) => built,
             Err(e) => {
                 stager.discard().await;
@@ -63,7 +65,7 @@ impl State {
         // The pod is read while the entry is written and fsynced (each about a millisecond); a
         // refused claim's files are removed unseen.
         let (checked, (toolkit, staged)) =
-            tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry));
+            tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry, spec));
         let (consumer, staged) = match (checked, staged) {
             (Ok(consumer), Ok(staged)) => (consumer, staged),
             (Err(e), staged) => {
@@ -96,8 +98,8 @@ impl State {
             .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
         // The devices of the claim that stand for an instance, in the claim's order.
         let targets = devices.iter().filter_map(|d| targets.iter().find(|t| t.device == d.device).cloned()).collect();
-        let entry = PreparedClaim { claim: claim.clone(), devices, spec, mig: Vec::new(), consumer: None };
-        Ok(Built { entry, object, published, targets, env })
+        let entry = PreparedClaim { claim: claim.clone(), devices, spec: (&spec).into(), mig: Vec::new(), consumer: None };
+        Ok(Built { entry, spec, object, published, targets, env })
     }
 
     /// Admits a checked claim under the lock, then makes its staged files visible outside it:

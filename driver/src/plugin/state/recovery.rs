@@ -188,7 +188,13 @@ impl State {
                     match spec {
                         Some(spec) => {
                             let mig = self.holds_on_cards(&devices);
-                            Verdict::Alive(Box::new(PreparedClaim { claim: claim.clone(), devices, spec, mig, consumer: None }))
+                            Verdict::Alive(Box::new(PreparedClaim {
+                                claim: claim.clone(),
+                                devices,
+                                spec: (&spec).into(),
+                                mig,
+                                consumer: None,
+                            }))
                         }
                         None => Verdict::Gone("its spec vanished".into()),
                     }

@@ -1,7 +1,7 @@
 //! A new claim's files, made while its claim is read: the checkpoint record's and the spec's temp
 //! files (from spares made ahead when there are some), written and fsynced beside their names.
 
-use cdi_spec::{SpecDir, StagedSpec};
+use cdi_spec::{Spec, SpecDir, StagedSpec};
 use vgpu_dra_runtime::sync::lock;
 
 use super::State;
@@ -26,17 +26,17 @@ pub(super) struct Stager {
 type ReservedFiles = (Result<crate::fsutil::Reserved, CheckpointError>, Result<cdi_spec::ReservedSpec, cdi_spec::SpecDirError>);
 
 impl Stager {
-    /// Writes `entry`'s checkpoint record (fsynced) and spec into the files made for them, off
-    /// the runtime; with the toolkit's device names.
-    pub(super) async fn stage(self, entry: &PreparedClaim) -> (Vec<String>, Result<StagedClaim, PrepareError>) {
-        let (toolkit, (record, spec)) = joined(self.work.await);
+    /// Writes `entry`'s checkpoint record (fsynced) and `spec`, its spec parsed, into the files
+    /// made for them, off the runtime; with the toolkit's device names.
+    pub(super) async fn stage(self, entry: &PreparedClaim, spec: Spec) -> (Vec<String>, Result<StagedClaim, PrepareError>) {
+        let (toolkit, (record, spec_file)) = joined(self.work.await);
         let (checkpoint, specs) = self.storage;
         let entry = entry.clone();
         let staging = tokio::task::spawn_blocking(move || {
             // A failed reservation drops the other one here, off the runtime.
-            let (record, spec) = (record?, spec?);
+            let (record, file) = (record?, spec_file?);
             let record = checkpoint.stage_in(record, &entry)?;
-            let spec = specs.stage_in(spec, entry.claim.uid.as_str(), &entry.spec)?;
+            let spec = specs.stage_in(file, entry.claim.uid.as_str(), &spec)?;
             Ok(StagedClaim { record, spec })
         });
         (toolkit, joined(staging.await))

@@ -29,7 +29,7 @@ pub struct PreparedClaim {
     /// Its shares, in claim order.
     pub devices: Vec<ClaimDevice>,
     /// The CDI spec written for it (rewritten if the tmpfs CDI dir lost it).
-    pub spec: cdi_spec::Spec,
+    pub spec: super::held_spec::HeldSpec,
     /// The MIG instances its devices stand for (dynamic MIG only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<crate::plugin::mig::MigHold>,
@@ -375,7 +375,7 @@ mod tests {
             admin: false,
         }];
         let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
-        let spec = cdi_spec::Spec::new(&kind, vec![]).unwrap();
+        let spec = (&cdi_spec::Spec::new(&kind, vec![]).unwrap()).into();
         PreparedClaim { claim, devices, spec, mig: Vec::new(), consumer: None }
     }
 

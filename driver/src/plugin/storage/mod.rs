@@ -2,6 +2,7 @@
 //! and the trash of claim directories.
 
 pub mod checkpoint;
+pub mod held_spec;
 pub mod host;
 pub mod spares;
 pub mod toolkit;
