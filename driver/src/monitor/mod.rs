@@ -27,7 +27,6 @@ use self::region::{Region, offset};
 use crate::plugin::cdi::{region_file, spec_env};
 use crate::plugin::claim::ClaimRef;
 use crate::plugin::state::State;
-use crate::plugin::storage::checkpoint::PreparedClaim;
 use crate::plugin::storage::held_spec::HeldSpec;
 
 /// HAMi's monitor ticks every 5 s; HAMi-core's "recent kernel" counts in those ticks.
@@ -71,12 +70,8 @@ pub struct Watched {
 }
 
 impl Watched {
-    /// The watch of a prepared claim; `None` for a spec without a region (not HAMi-core's).
-    pub fn from_claim(p: &PreparedClaim) -> Option<Self> {
-        Self::new(&p.claim, &p.spec)
-    }
-
-    /// The watch of `claim` prepared with `spec`; `None` for a spec without a region.
+    /// The watch of `claim` prepared with `spec`; `None` for a spec without a region (not
+    /// HAMi-core's).
     pub fn new(claim: &ClaimRef, spec: &HeldSpec) -> Option<Self> {
         let env = spec.env().ok()?;
         let file = region_file(&env)?;

@@ -2,9 +2,14 @@ use std::os::unix::fs::PermissionsExt;
 
 use super::region::writer::{Process, put_i32, put_u64, region};
 use super::*;
+use crate::plugin::storage::checkpoint::PreparedClaim;
 use crate::plugin::storage::host::create_region_file;
 
 const CARD: &str = "GPU-00000000-0000-0000-0000-000000000001";
+
+fn watch_of(p: &PreparedClaim) -> Option<Watched> {
+    Watched::new(&p.claim, &p.spec)
+}
 
 fn prepared(uid: &str, cards: &[&str], env: &[(&str, &str)]) -> PreparedClaim {
     let mut vars = vec![
@@ -30,7 +35,7 @@ fn prepared(uid: &str, cards: &[&str], env: &[(&str, &str)]) -> PreparedClaim {
 
 fn watched(uid: &str, priority: Option<&str>) -> Watched {
     let env: Vec<(&str, &str)> = priority.map(|p| ("CUDA_TASK_PRIORITY", p)).into_iter().collect();
-    Watched::from_claim(&prepared(uid, &[CARD], &env)).unwrap()
+    watch_of(&prepared(uid, &[CARD], &env)).unwrap()
 }
 
 /// A claim directory with the driver's region file, filled as a running container would.
@@ -54,14 +59,14 @@ fn field(path: &Path, at: usize) -> i32 {
 #[test]
 fn a_claim_is_watched_as_its_spec_says() {
     let p = prepared("u-1", &[CARD, "GPU-b"], &[("CUDA_TASK_PRIORITY", "0"), ("GPU_CORE_UTILIZATION_POLICY", "disable")]);
-    let w = Watched::from_claim(&p).unwrap();
+    let w = watch_of(&p).unwrap();
     assert_eq!(w.file, format!("{CARD}.cache"));
     assert_eq!(w.cards, vec![CARD.to_owned(), "GPU-b".to_owned()]);
     assert_eq!(w.limits, vec![4096 << 20, 4096 << 20]);
     assert_eq!((w.priority, w.policy), (feedback::HIGH, Policy::Disable));
     // Any priority but 0 (or below) is HAMi's low one; none is HAMi-core's default, low.
     for (value, expected) in [("1", feedback::LOW), ("7", feedback::LOW), ("-3", feedback::HIGH), ("x", feedback::LOW)] {
-        assert_eq!(Watched::from_claim(&prepared("u", &[CARD], &[("CUDA_TASK_PRIORITY", value)])).unwrap().priority, expected);
+        assert_eq!(watch_of(&prepared("u", &[CARD], &[("CUDA_TASK_PRIORITY", value)])).unwrap().priority, expected);
     }
     assert_eq!(watched("u", None).priority, feedback::LOW);
 }

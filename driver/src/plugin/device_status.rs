@@ -58,6 +58,7 @@ mod tests {
 
     use super::*;
     use crate::plugin::claim::{ClaimDevice, ClaimRef};
+    use crate::plugin::storage::held_spec::HeldSpec;
 
     fn device(name: &str, share: Option<&str>, admin: bool) -> ClaimDevice {
         let mut consumption = Consumption::new();
@@ -77,7 +78,7 @@ mod tests {
         PreparedClaim {
             claim: ClaimRef::new("ns", "c", "u-1").unwrap(),
             devices,
-            spec: (&spec).into(),
+            spec: HeldSpec::new(&spec),
             mig: Vec::new(),
             consumer: None,
         }

@@ -7,6 +7,7 @@ use crate::discovery::DeviceSource;
 use crate::mig::view::mock_sim;
 use crate::mig::{DynamicMig, MigControl, MigSettings, MigSim, MigView};
 use crate::plugin::mig::{MigHold, MigPrepare};
+use crate::plugin::storage::held_spec::HeldSpec;
 
 const CARDS: &str = "NVIDIA A800-SXM4-80GB:80Gi:mig,Tesla T4:15Gi";
 
@@ -182,7 +183,7 @@ async fn start_up_destroys_the_instance_of_a_prepare_interrupted_before_it_was_r
     let intent = PreparedClaim {
         claim: cref("c1", 1),
         devices: Vec::new(),
-        spec: (&node.node.specs().read(&uid(2)).unwrap().unwrap()).into(),
+        spec: HeldSpec::new(&node.node.specs().read(&uid(2)).unwrap().unwrap()),
         mig: vec![MigHold::new(&target(&node, 19, 3, "hami-gpu-0-mig-1g-10gb-3"), None)],
         consumer: None,
     };

@@ -15,6 +15,7 @@ use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::mig::MigTarget;
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::held_spec::HeldSpec;
 use crate::plugin::storage::toolkit::toolkit_id;
 
 /// A claim read and worked out, not yet admitted.
@@ -98,7 +99,7 @@ impl State {
             .map_err(|source| PrepareError::Spec { claim: claim.to_string(), source })?;
         // The devices of the claim that stand for an instance, in the claim's order.
         let targets = devices.iter().filter_map(|d| targets.iter().find(|t| t.device == d.device).cloned()).collect();
-        let entry = PreparedClaim { claim: claim.clone(), devices, spec: (&spec).into(), mig: Vec::new(), consumer: None };
+        let entry = PreparedClaim { claim: claim.clone(), devices, spec: HeldSpec::new(&spec), mig: Vec::new(), consumer: None };
         Ok(Built { entry, spec, object, published, targets, env })
     }
 

@@ -26,6 +26,7 @@ use crate::plugin::claim::{ClaimRef, devices_of};
 use crate::plugin::error::chain;
 use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::held_spec::HeldSpec;
 use crate::plugin::storage::toolkit::ToolkitIndex;
 
 /// How long start-up waits for the first inventory before going on without one.
@@ -191,7 +192,7 @@ impl State {
                             Verdict::Alive(Box::new(PreparedClaim {
                                 claim: claim.clone(),
                                 devices,
-                                spec: (&spec).into(),
+                                spec: HeldSpec::new(&spec),
                                 mig,
                                 consumer: None,
                             }))

@@ -375,7 +375,7 @@ mod tests {
             admin: false,
         }];
         let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
-        let spec = (&cdi_spec::Spec::new(&kind, vec![]).unwrap()).into();
+        let spec = super::super::held_spec::HeldSpec::new(&cdi_spec::Spec::new(&kind, vec![]).unwrap());
         PreparedClaim { claim, devices, spec, mig: Vec::new(), consumer: None }
     }
 

@@ -68,12 +68,6 @@ impl HeldSpec {
     }
 }
 
-impl From<&Spec> for HeldSpec {
-    fn from(spec: &Spec) -> Self {
-        Self::new(spec)
-    }
-}
-
 impl PartialEq for HeldSpec {
     fn eq(&self, other: &Self) -> bool {
         self.json() == other.json()
