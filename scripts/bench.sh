@@ -38,5 +38,9 @@ while IFS='=' read -r name path; do
 	export "$var=$path"
 done <<<"$components"
 
-cargo build --release --locked -p vgpu-dra -p vgpu-dra-bench
+# Two builds, not one: built together, the two packages' dependencies would share features, and
+# the daemon would differ from the image's (`-p vgpu-dra` alone), down to the symbol names that
+# driver/symbol-order.txt places.
+cargo build --release --locked -p vgpu-dra
+cargo build --release --locked -p vgpu-dra-bench
 exec target/release/vgpu-dra-bench "$@"
