@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Deserializer};
 
 /// `claim` with only what a prepare reads: identity, requests and configuration, allocation and
 /// reservations; field managers, labels and the devices' status never.
@@ -63,3 +64,121 @@ fn claim_users(list: &[Container]) -> Vec<Container> {
         })
         .collect()
 }
+
+/// A pod read from the API as [`pod`] keeps it, parsed without the rest: the whole `Pod`'s
+/// parser takes about 130 KiB of stack (its spec's and volumes' visitors) on whichever thread
+/// reads it, and every runtime thread does in a burst, since `block_in_place` moves the
+/// runtime's work between them; it also allocates all that [`pod`] then drops.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PodRead {
+    #[serde(deserialize_with = "identity_only", default)]
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<SpecRead>,
+    #[serde(default)]
+    status: Option<StatusRead>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecRead {
+    #[serde(deserialize_with = "null_as_default", default)]
+    containers: Vec<ContainerRead>,
+    #[serde(default)]
+    init_containers: Option<Vec<ContainerRead>>,
+    #[serde(default)]
+    resource_claims: Option<Vec<PodResourceClaim>>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ContainerRead {
+    #[serde(deserialize_with = "null_as_default", default)]
+    name: String,
+    #[serde(default)]
+    resources: Option<ResourcesRead>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ResourcesRead {
+    #[serde(default)]
+    claims: Option<Vec<k8s_openapi::api::core::v1::ResourceClaim>>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StatusRead {
+    #[serde(default)]
+    resource_claim_statuses: Option<Vec<PodResourceClaimStatus>>,
+}
+
+/// A required field left out or null is taken as empty, as the whole parser (k8s-openapi)
+/// takes it: the two parsers must agree on every pod.
+fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// The three fields of `metadata` kept; labels, annotations and managed fields are skipped
+/// unparsed.
+fn identity_only<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+    #[derive(Deserialize)]
+    struct Identity {
+        name: Option<String>,
+        namespace: Option<String>,
+        uid: Option<String>,
+    }
+    let Some(Identity { name, namespace, uid }) = Option::<Identity>::deserialize(d)? else { return Ok(ObjectMeta::default()) };
+    Ok(ObjectMeta { name, namespace, uid, ..Default::default() })
+}
+
+impl From<PodRead> for Pod {
+    fn from(read: PodRead) -> Self {
+        let users = |list: Vec<ContainerRead>| -> Vec<Container> {
+            list.into_iter()
+                .map(|c| Container {
+                    name: c.name,
+                    resources: c
+                        .resources
+                        .and_then(|r| r.claims)
+                        .map(|claims| ResourceRequirements { claims: Some(claims), ..Default::default() }),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        Pod {
+            metadata: read.metadata,
+            spec: read.spec.map(|s| PodSpec {
+                containers: users(s.containers),
+                init_containers: s.init_containers.map(users),
+                resource_claims: s.resource_claims,
+                ..Default::default()
+            }),
+            status: read.status.map(|s| PodStatus { resource_claim_statuses: s.resource_claim_statuses, ..Default::default() }),
+        }
+    }
+}
+
+/// Read at a pod's URL: the same resource as `Pod`, so kube's `Api` can fetch it.
+impl k8s_openapi::Resource for PodRead {
+    const API_VERSION: &'static str = <Pod as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Pod as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Pod as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Pod as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = <Pod as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::Metadata for PodRead {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[cfg(test)]
+#[path = "slim_tests.rs"]
+mod tests;

@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
 use kube::api::GetParams;
+use kube::{Api, Resource as _};
 use vgpu_scheduling::{Namespace, ObjectName, Uid};
 
 use super::node_pods::NodePods;
 use super::read::{Cached, SourceError, get, get_current};
+use super::slim::PodRead;
 use crate::plugin::claim::{ClaimRef, allocated_here};
 
 /// How long one API read may take. Well under the kubelet's 45 s, and short enough that a batch
@@ -230,9 +231,10 @@ impl ClaimSource {
                 if let Some(pod) = node_pods.as_ref().and_then(|p| p.pod(namespace, name, uid)) {
                     return Ok(Some(pod));
                 }
-                let api: Api<Pod> = Api::namespaced(client.clone(), namespace.as_str());
-                let cached = |p: &Pod| if p.metadata.uid.as_deref() == Some(uid) { Cached::Current } else { Cached::Unsure };
-                get_current(&api, name, *timeout, || format!("Pod {namespace}/{name}"), cached).await
+                let api: Api<PodRead> = Api::namespaced(client.clone(), namespace.as_str());
+                let cached = |p: &PodRead| if p.meta().uid.as_deref() == Some(uid) { Cached::Current } else { Cached::Unsure };
+                let read = get_current(&api, name, *timeout, || format!("Pod {namespace}/{name}"), cached).await?;
+                Ok(read.map(Pod::from))
             }
             Self::Fixed { pods, .. } => Ok(named(pods, namespace, name).cloned()),
         }
