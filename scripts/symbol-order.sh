@@ -8,8 +8,9 @@
 #
 # How: the bench's single-node run (start, slices, prepares sequential and in flight, a wipe,
 # the monitor, quiet seconds) with the daemon under valgrind's callgrind, which names every
-# function that ran. Functions are ordered by the dump they first ran in (start-up first), then
-# by name. A function the file does not name (new code, another compiler) is placed after the
+# function that ran. They are listed by name: all of them are resident anyway, names keep a
+# module's functions together, and a new profile's diff shows only what ran or stopped running.
+# A function the file does not name (new code, another compiler) is placed after the
 # named ones, so a stale file costs memory, never correctness. Rerun after a dependency or
 # compiler update; `scripts/symbol-order.sh --check` says how much of the file the current
 # build still matches.
@@ -18,6 +19,8 @@
 #   scripts/symbol-order.sh --check    share of the file's names found in the release build
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# One collation for sort and comm, and a file that sorts the same on every machine.
+export LC_ALL=C
 
 order=driver/symbol-order.txt
 binary=target/release/vgpu-dra
@@ -63,15 +66,13 @@ scripts/bench.sh --nodes 0 --webhook-pods 0 --wipes 1 --steady-seconds 5 --claim
 	--wipe-timeout-seconds 600 --vgpu-dra "$binary" "--driver-wrapper=$wrapper" \
 	--out "$work/bench.json" >&2
 
-# A function's first appearance, by dump: callgrind names a function once per file (`fn=(id)
-# name`, later `fn=(id)`), callees the same way (`cfn=`).
+# Callgrind names a function once per file (`fn=(id) name`, later `fn=(id)`), callees the same
+# way (`cfn=`).
 ls "$work"/cg.* >/dev/null 2>&1 || { echo "callgrind wrote no profile" >&2; exit 1; }
-for f in $(ls "$work"/cg.* | sort -t. -k2,2n -k3,3n); do
-	sed -n -E 's/^c?fn=\([0-9]+\) (.*)$/\1/p' "$f"
-done | awk '!seen[$0]++' >"$work/ran"
+sed -n -E 's/^c?fn=\([0-9]+\) (.*)$/\1/p' "$work"/cg.* | sort -u >"$work/ran"
 
 # Only the daemon's own functions: libc's are not ours to place.
 text_symbols >"$work/ours"
-awk 'NR == FNR { ours[$0] = 1; next } ($0 in ours)' "$work/ours" "$work/ran" >"$order.tmp"
+comm -12 "$work/ours" "$work/ran" >"$order.tmp"
 mv "$order.tmp" "$order"
 echo "$(wc -l <"$order") functions written to $order" >&2
