@@ -4,7 +4,7 @@
 #
 # Why: the daemon's resident memory is mostly its own text. The kernel maps 64 KiB around each
 # page of code touched, and the code a daemon runs at start and per prepare is spread through
-# 15 MB of text, so almost all of it became resident. Placed together, it is a few MB.
+# 12 MB of text, so almost all of it became resident. Placed together, it is a few MB.
 #
 # How: the bench's single-node run (start, slices, prepares sequential and in flight, a wipe,
 # the monitor, quiet seconds) with the daemon under valgrind's callgrind, which names every
