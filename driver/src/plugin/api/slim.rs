@@ -52,17 +52,16 @@ fn identity(meta: &ObjectMeta) -> ObjectMeta {
 
 /// Each container's name and the claims it uses.
 fn claim_users(list: &[Container]) -> Vec<Container> {
-    list.iter()
-        .map(|c| Container {
-            name: c.name.clone(),
-            resources: c
-                .resources
-                .as_ref()
-                .and_then(|r| r.claims.clone())
-                .map(|claims| ResourceRequirements { claims: Some(claims), ..Default::default() }),
-            ..Default::default()
-        })
-        .collect()
+    list.iter().map(|c| claim_user(c.name.clone(), c.resources.as_ref().and_then(|r| r.claims.clone()))).collect()
+}
+
+/// A container as kept: its name and the claims it uses, nothing else.
+fn claim_user(name: String, claims: Option<Vec<k8s_openapi::api::core::v1::ResourceClaim>>) -> Container {
+    Container {
+        name,
+        resources: claims.map(|claims| ResourceRequirements { claims: Some(claims), ..Default::default() }),
+        ..Default::default()
+    }
 }
 
 /// A pod read from the API as [`pod`] keeps it, parsed without the rest: the whole `Pod`'s
@@ -133,16 +132,7 @@ fn identity_only<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error
 impl From<PodRead> for Pod {
     fn from(read: PodRead) -> Self {
         let users = |list: Vec<ContainerRead>| -> Vec<Container> {
-            list.into_iter()
-                .map(|c| Container {
-                    name: c.name,
-                    resources: c
-                        .resources
-                        .and_then(|r| r.claims)
-                        .map(|claims| ResourceRequirements { claims: Some(claims), ..Default::default() }),
-                    ..Default::default()
-                })
-                .collect()
+            list.into_iter().map(|c| claim_user(c.name, c.resources.and_then(|r| r.claims))).collect()
         };
         Pod {
             metadata: read.metadata,
