@@ -27,7 +27,7 @@ fn prepared(uid: &str, cards: &[&str], env: &[(&str, &str)]) -> PreparedClaim {
     PreparedClaim {
         claim: ClaimRef::new("ns", &format!("claim-{uid}"), uid).unwrap(),
         devices: Vec::new(),
-        spec: serde_json::from_value(spec).unwrap(),
+        spec: HeldSpec::new(&serde_json::from_value(spec).unwrap()),
         mig: Vec::new(),
         consumer: None,
     }

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use cdi_spec::Spec;
 use vgpu_scheduling::{PublishedDevice, Uid};
 
 use super::{Inner, State, admit, unadmit};
@@ -31,10 +32,13 @@ impl State {
     }
 
     /// Admits a claim with devices standing for instances, makes the instances no other claim
-    /// made yet, and writes its record, directory and spec, under the lock.
+    /// made yet, and writes its record, directory and spec, under the lock. `card_spec` is the
+    /// spec `entry` holds, built on the cards: the intent record holds it until the instances
+    /// are made.
     pub(super) async fn commit_mig(
         &self,
         mut entry: PreparedClaim,
+        card_spec: &Spec,
         targets: &[MigTarget],
         published: &[PublishedDevice],
         env: &[(String, String)],
@@ -48,7 +52,7 @@ impl State {
         let (admitted, was_pending) = admit(ledger, pending, published, &entry)?;
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         entry.mig = targets.iter().map(|t| MigHold::new(t, live_instance(prepared, t))).collect();
-        let made = match self.make_instances(mig, &mut entry) {
+        let made = match self.make_instances(mig, &mut entry, card_spec) {
             Ok(made) => made,
             Err(e) => {
                 unadmit(ledger, pending, published, &admitted, was_pending);
@@ -75,9 +79,10 @@ impl State {
         Ok(entry)
     }
 
-    /// Makes the instances of `entry`'s holds that have none, after recording the intent; the
-    /// indices of those made. On failure nothing made stays and the intent is gone.
-    fn make_instances(&self, mig: &MigPrepare, entry: &mut PreparedClaim) -> Result<Vec<usize>, PrepareError> {
+    /// Makes the instances of `entry`'s holds that have none, after recording the intent (with
+    /// `spec`, the spec `entry` holds); the indices of those made. On failure nothing made stays
+    /// and the intent is gone.
+    fn make_instances(&self, mig: &MigPrepare, entry: &mut PreparedClaim, spec: &Spec) -> Result<Vec<usize>, PrepareError> {
         let missing: Vec<usize> = (0..entry.mig.len()).filter(|i| entry.mig[*i].instance.is_none()).collect();
         if missing.is_empty() {
             return Ok(missing);
@@ -86,7 +91,7 @@ impl State {
         for i in &missing {
             mig.settings.owned.insert(entry.mig[*i].key());
         }
-        if let Err(e) = blocking(|| self.storage.checkpoint.record(entry)) {
+        if let Err(e) = blocking(|| self.storage.checkpoint.record(entry, spec)) {
             self.drop_intent(mig, entry, &missing, &[]);
             return Err(e.into());
         }
@@ -167,7 +172,7 @@ impl State {
         let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
         let entry = &*entry;
         blocking(|| {
-            self.storage.checkpoint.record(entry)?;
+            self.storage.checkpoint.record(entry, &spec)?;
             fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
             if host_dirs {
                 self.storage.make_claim_dir(entry)?;

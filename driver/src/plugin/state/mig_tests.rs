@@ -180,14 +180,15 @@ async fn start_up_destroys_the_instance_of_a_prepare_interrupted_before_it_was_r
         state.prepare(&cref("c2", 2)).await.unwrap();
     }
     // What a kill between the create and its record leaves: the intent, and the instance.
+    let spec = node.node.specs().read(&uid(2)).unwrap().unwrap();
     let intent = PreparedClaim {
         claim: cref("c1", 1),
         devices: Vec::new(),
-        spec: HeldSpec::new(&node.node.specs().read(&uid(2)).unwrap().unwrap()),
+        spec: HeldSpec::new(&spec),
         mig: vec![MigHold::new(&target(&node, 19, 3, "hami-gpu-0-mig-1g-10gb-3"), None)],
         consumer: None,
     };
-    Checkpoint::new(node.node.checkpoint_dir()).record(&intent).unwrap();
+    Checkpoint::new(node.node.checkpoint_dir()).record(&intent, &spec).unwrap();
     let orphan = node.sim.create(&node.card, 19, 3).unwrap();
     let foreign = node.sim.create(&node.card, 19, 0).unwrap();
     let kept = node.instances().into_iter().find(|i| i.gi_profile_id == 14).unwrap();

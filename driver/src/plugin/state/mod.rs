@@ -179,7 +179,10 @@ impl Storage {
             {
                 let _ = std::fs::remove_dir_all(&path);
             }
-            self.specs.write(uid, &entry.spec.parse()?).map(|_| ()).map_err(PrepareError::from)
+            // The whole spec is in the claim's record; it is written back only if it is the
+            // spec the claim was prepared with.
+            let spec = self.checkpoint.spec_of(entry)?;
+            self.specs.write(uid, &spec).map(|_| ()).map_err(PrepareError::from)
         })?;
         Ok(Some(was))
     }

@@ -58,7 +58,7 @@ impl State {
             // Its spec names instances that do not exist yet: nothing to stage.
             let (checked, toolkit) = tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.discard());
             let entry = PreparedClaim { consumer: checked?, ..entry };
-            let entry = self.commit_mig(entry, &targets, &published, &env).await?;
+            let entry = self.commit_mig(entry, &spec, &targets, &published, &env).await?;
             self.claims.prepared(claim);
             self.changed();
             return Ok(self.answer(entry, &toolkit, &published));

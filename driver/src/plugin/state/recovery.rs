@@ -25,8 +25,7 @@ use crate::plugin::cdi::ANNOTATION_CLAIM;
 use crate::plugin::claim::{ClaimRef, devices_of};
 use crate::plugin::error::chain;
 use crate::plugin::storage::blocking;
-use crate::plugin::storage::checkpoint::PreparedClaim;
-use crate::plugin::storage::held_spec::HeldSpec;
+use crate::plugin::storage::checkpoint::Recorded;
 use crate::plugin::storage::toolkit::ToolkitIndex;
 
 /// How long start-up waits for the first inventory before going on without one.
@@ -35,7 +34,7 @@ const FIRST_INVENTORY_WAIT: Duration = Duration::from_secs(30);
 /// What the API says of a claim found on disk.
 enum Verdict {
     /// It stands, allocated here: these are its shares.
-    Alive(Box<PreparedClaim>),
+    Alive(Box<Recorded>),
     /// The API says it is gone, has a new UID, or is no longer allocated here.
     Gone(String),
     /// No answer: keep everything and ask again later.
@@ -189,13 +188,7 @@ impl State {
                     match spec {
                         Some(spec) => {
                             let mig = self.holds_on_cards(&devices);
-                            Verdict::Alive(Box::new(PreparedClaim {
-                                claim: claim.clone(),
-                                devices,
-                                spec: HeldSpec::new(&spec),
-                                mig,
-                                consumer: None,
-                            }))
+                            Verdict::Alive(Box::new(Recorded { claim: claim.clone(), devices, spec, mig }))
                         }
                         None => Verdict::Gone("its spec vanished".into()),
                     }
@@ -207,14 +200,16 @@ impl State {
     }
 
     /// Takes a claim back as prepared: checkpoint record, ledger shares.
-    async fn adopt(&self, entry: PreparedClaim) {
+    async fn adopt(&self, recorded: Recorded) {
+        let spec = recorded.spec.clone();
+        let entry = recorded.held();
         let mut inner = self.settled(&entry.claim.uid).await;
         if inner.prepared.contains_key(&entry.claim.uid) && !inner.pending.contains_key(&entry.claim.uid) {
             // The kubelet prepared it again meanwhile: its own record stands.
             return;
         }
         tracing::info!(claim = %entry.claim, "re-adopted prepared claim from its CDI spec and the API");
-        if let Err(e) = blocking(|| self.storage.checkpoint.record(&entry)) {
+        if let Err(e) = blocking(|| self.storage.checkpoint.record(&entry, &spec)) {
             tracing::error!(claim = %entry.claim, error = %chain(&e), "re-adopted claim not checkpointed; kept in memory");
         }
         let uid = entry.claim.uid.clone();

@@ -35,7 +35,7 @@ impl Stager {
         let staging = tokio::task::spawn_blocking(move || {
             // A failed reservation drops the other one here, off the runtime.
             let (record, file) = (record?, spec_file?);
-            let record = checkpoint.stage_in(record, &entry)?;
+            let record = checkpoint.stage_in(record, &entry, &spec)?;
             let spec = specs.stage_in(file, entry.claim.uid.as_str(), &spec)?;
             Ok(StagedClaim { record, spec })
         });

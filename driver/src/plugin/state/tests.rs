@@ -16,6 +16,7 @@ use crate::discovery::mock::{MockSource, parse_spec};
 use crate::plugin::api::ClaimSource;
 use crate::plugin::cdi::CdiOptions;
 use crate::plugin::storage::checkpoint::Checkpoint;
+use crate::plugin::storage::held_spec::HeldSpec;
 
 const DRIVER: &str = "hami-core-gpu.project-hami.io";
 
@@ -137,6 +138,39 @@ async fn prepare_writes_spec_record_and_a_directory_any_user_can_write() {
     assert!(!node.cdi().claims_root.join(uid(1)).exists());
     assert!(node.specs().read(&uid(1)).unwrap().is_none());
     state.unprepare(&Uid::new(uid(1)).unwrap()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_spec_is_rewritten_only_from_the_claims_own_record() {
+    let node = Node::new();
+    let c1 = claim("c1", 1, &[&share("hami-gpu-0", "gpu", 1, "4Gi", 50)], None);
+    let c2 = claim("c2", 2, &[&share("hami-gpu-1", "gpu", 2, "2Gi", 20)], None);
+    let state = node.state(vec![c1, c2], vec![]).await;
+    let answer = state.prepare(&cref("c1", 1)).await.unwrap();
+    state.prepare(&cref("c2", 2)).await.unwrap();
+    let (spec1, spec2) = (node.specs().read(&uid(1)).unwrap().unwrap(), node.specs().read(&uid(2)).unwrap().unwrap());
+    let file = node.specs().file_for(&uid(1)).unwrap();
+    // Lost, or replaced by a valid spec that is not the claim's: written back from the record.
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(state.prepare(&cref("c1", 1)).await.unwrap(), answer);
+    assert_eq!(node.specs().read(&uid(1)).unwrap().unwrap(), spec1);
+    std::fs::copy(node.specs().file_for(&uid(2)).unwrap(), &file).unwrap();
+    assert_eq!(state.prepare(&cref("c1", 1)).await.unwrap(), answer);
+    assert_eq!(node.specs().read(&uid(1)).unwrap().unwrap(), spec1);
+    // A record of the claim with another spec than the one prepared (stale, or put there) is
+    // never written back: the prepare fails, saying why, and writes nothing.
+    let checkpoint = Checkpoint::new(node.checkpoint_dir());
+    let entry = checkpoint.load().unwrap().claims.remove(&Uid::new(uid(1)).unwrap()).unwrap();
+    let stale = PreparedClaim { spec: HeldSpec::new(&spec2), ..entry.clone() };
+    checkpoint.record(&stale, &spec2).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let err = state.prepare(&cref("c1", 1)).await.unwrap_err();
+    assert!(err.chain().contains("not the one the claim was prepared with"), "{}", err.chain());
+    assert!(!file.exists());
+    // The right record back: the spec is written again.
+    checkpoint.record(&entry, &spec1).unwrap();
+    assert_eq!(state.prepare(&cref("c1", 1)).await.unwrap(), answer);
+    assert_eq!(node.specs().read(&uid(1)).unwrap().unwrap(), spec1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,33 +15,67 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use vgpu_scheduling::Uid;
 
+use cdi_spec::Spec;
+
 use crate::plugin::claim::{ClaimDevice, ClaimRef};
 
 /// The record format version this driver writes.
 pub const VERSION: u32 = 2;
 const LEGACY_VERSION: u32 = 1;
 
-/// Everything needed to answer a repeated prepare and to rebuild the ledger after a restart.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Everything needed to answer a repeated prepare and to rebuild the ledger after a restart, as
+/// the driver holds it; its record on disk has the whole spec ([`Recorded`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedClaim {
     /// The claim.
     pub claim: ClaimRef,
     /// Its shares, in claim order.
     pub devices: Vec<ClaimDevice>,
-    /// The CDI spec written for it (rewritten if the tmpfs CDI dir lost it).
+    /// What is held of the CDI spec written for it; the whole spec is in its record.
     pub spec: super::held_spec::HeldSpec,
     /// The MIG instances its devices stand for (dynamic MIG only).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<crate::plugin::mig::MigHold>,
     /// The pod it was prepared for, as read then; in memory only (the record is written while
     /// the pod is read), so a record loaded at start has none and its pod is read when asked.
-    #[serde(skip)]
     pub consumer: Option<crate::plugin::containers::Consumer>,
+}
+
+/// A prepared claim as its record holds it: with the whole CDI spec written for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    /// The claim.
+    pub claim: ClaimRef,
+    /// Its shares, in claim order.
+    pub devices: Vec<ClaimDevice>,
+    /// The CDI spec written for it (rewritten from here if the tmpfs CDI dir lost it).
+    pub spec: Spec,
+    /// The MIG instances its devices stand for (dynamic MIG only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<crate::plugin::mig::MigHold>,
+}
+
+/// A record's claim as written, borrowed from the prepared claim and its spec: the same JSON
+/// as [`Recorded`]'s, so the checksum reads back.
+#[derive(Serialize)]
+struct RecordedRef<'a> {
+    claim: &'a ClaimRef,
+    devices: &'a [ClaimDevice],
+    spec: &'a Spec,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    mig: &'a [crate::plugin::mig::MigHold],
+}
+
+impl Recorded {
+    /// The claim as the driver holds it, with no consumer known yet.
+    pub fn held(self) -> PreparedClaim {
+        let Self { claim, devices, spec, mig } = self;
+        PreparedClaim { claim, devices, spec: super::held_spec::HeldSpec::new(&spec), mig, consumer: None }
+    }
 }
 
 /// A record on disk; written from a borrowed claim, read into an owned one.
 #[derive(Serialize, Deserialize)]
-struct Record<C = PreparedClaim> {
+struct Record<C = Recorded> {
     version: u32,
     checksum: String,
     claim: C,
@@ -51,7 +85,7 @@ struct Record<C = PreparedClaim> {
 struct Legacy {
     version: u32,
     checksum: String,
-    claims: BTreeMap<Uid, PreparedClaim>,
+    claims: BTreeMap<Uid, Recorded>,
 }
 
 /// Checkpoint failures.
@@ -178,7 +212,7 @@ impl Checkpoint {
             let Some(stem) = name.strip_suffix(".json") else { continue };
             match read_record(&path, stem) {
                 Ok(claim) => {
-                    loaded.claims.insert(claim.claim.uid.clone(), claim);
+                    loaded.claims.insert(claim.claim.uid.clone(), claim.held());
                 }
                 Err(e @ CheckpointError::Corrupt { .. }) => {
                     let aside = quarantine(&path).ok();
@@ -216,7 +250,7 @@ impl Checkpoint {
         match parsed {
             Ok(claims) => {
                 // The old file goes only once every record stands on its own.
-                let written = claims.values().try_for_each(|claim| self.record(claim));
+                let written = claims.values().try_for_each(|claim| self.write(&RecordedRef::of(claim)));
                 match written
                     .and_then(|()| fs::remove_file(&path).map_err(|source| CheckpointError::Io { path: path.clone(), source }))
                 {
@@ -227,7 +261,7 @@ impl Checkpoint {
                         loaded.ignored.push((path.clone(), format!("migration not finished: {:#}", anyhow::Error::from(e))))
                     }
                 }
-                loaded.claims.extend(claims);
+                loaded.claims.extend(claims.into_iter().map(|(uid, claim)| (uid, claim.held())));
             }
             Err(e) => {
                 loaded.legacy_lost = true;
@@ -237,12 +271,32 @@ impl Checkpoint {
         }
     }
 
-    /// Writes `claim`'s record atomically (temp file, fsync, rename, directory fsync).
+    /// Writes `claim`'s record, with `spec`, the spec it holds, atomically (temp file, fsync,
+    /// rename, directory fsync).
     ///
     /// # Errors
     /// [`CheckpointError::Io`]; a previous record is then unchanged.
-    pub fn record(&self, claim: &PreparedClaim) -> Result<(), CheckpointError> {
-        self.stage_in(self.reserve()?, claim)?.commit()
+    pub fn record(&self, claim: &PreparedClaim, spec: &Spec) -> Result<(), CheckpointError> {
+        self.stage_in(self.reserve()?, claim, spec)?.commit()
+    }
+
+    fn write(&self, claim: &RecordedRef<'_>) -> Result<(), CheckpointError> {
+        self.stage(self.reserve()?, claim)?.commit()
+    }
+
+    /// The whole CDI spec of prepared claim `claim`, read back from its record.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when the record cannot be read, [`CheckpointError::Corrupt`]
+    /// when it is not a valid record of the claim or holds another spec than the one prepared
+    /// (nothing is moved aside: the load does that at the next start).
+    pub fn spec_of(&self, claim: &PreparedClaim) -> Result<Spec, CheckpointError> {
+        let path = self.record_path(&claim.claim.uid);
+        let recorded = read_record(&path, claim.claim.uid.as_str())?;
+        if !claim.spec.is(&recorded.spec) {
+            return Err(CheckpointError::Corrupt { path, reason: "its spec is not the one the claim was prepared with".into() });
+        }
+        Ok(recorded.spec)
     }
 
     /// Creates an empty temp file in the checkpoint directory for [`Checkpoint::stage_in`], so
@@ -260,7 +314,18 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`CheckpointError::Io`], also when `reserved` was made in another directory.
-    pub fn stage_in(&self, reserved: crate::fsutil::Reserved, claim: &PreparedClaim) -> Result<StagedRecord, CheckpointError> {
+    pub fn stage_in(
+        &self,
+        reserved: crate::fsutil::Reserved,
+        claim: &PreparedClaim,
+        spec: &Spec,
+    ) -> Result<StagedRecord, CheckpointError> {
+        debug_assert!(claim.spec.is(spec), "a record holds the spec its claim holds");
+        let PreparedClaim { claim: claim_ref, devices, mig, .. } = claim;
+        self.stage(reserved, &RecordedRef { claim: claim_ref, devices, spec, mig })
+    }
+
+    fn stage(&self, reserved: crate::fsutil::Reserved, claim: &RecordedRef<'_>) -> Result<StagedRecord, CheckpointError> {
         let path = self.record_path(&claim.claim.uid);
         let io_err = |source| CheckpointError::Io { path: path.clone(), source };
         let record = Record { version: VERSION, checksum: checksum(claim), claim };
@@ -329,7 +394,14 @@ impl StagedRecord {
     }
 }
 
-fn read_record(path: &Path, stem: &str) -> Result<PreparedClaim, CheckpointError> {
+impl<'a> RecordedRef<'a> {
+    fn of(claim: &'a Recorded) -> Self {
+        let Recorded { claim, devices, spec, mig } = claim;
+        Self { claim, devices, spec, mig }
+    }
+}
+
+fn read_record(path: &Path, stem: &str) -> Result<Recorded, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt { path: path.to_owned(), reason };
     let bytes = match cdi_spec::file::read_regular(path, MAX_RECORD_BYTES) {
         Ok(Some(bytes)) => bytes,
@@ -374,9 +446,26 @@ mod tests {
             consumption: Consumption::from([("memory".into(), Quantity::parse("4Gi").unwrap())]),
             admin: false,
         }];
-        let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
-        let spec = super::super::held_spec::HeldSpec::new(&cdi_spec::Spec::new(&kind, vec![]).unwrap());
+        let spec = super::super::held_spec::HeldSpec::new(&spec_of(uid.as_str()));
         PreparedClaim { claim, devices, spec, mig: Vec::new(), consumer: None }
+    }
+
+    /// A spec with an env and a mount, naming its claim.
+    fn spec_of(uid: &str) -> Spec {
+        let kind = cdi_spec::Kind::parse("k8s.x.io/claim").unwrap();
+        let mut spec = Spec::new(&kind, vec![]).unwrap();
+        spec.container_edits.env = vec![format!("CUDA_DEVICE_MEMORY_SHARED_CACHE=/claims/{uid}/x.cache")];
+        spec.container_edits.mounts = vec![cdi_spec::Mount {
+            host_path: format!("/claims/{uid}"),
+            container_path: format!("/claims/{uid}"),
+            options: vec!["rw".into()],
+            kind: None,
+        }];
+        spec
+    }
+
+    fn record(cp: &Checkpoint, uid: &str) {
+        cp.record(&sample(uid), &spec_of(uid)).unwrap();
     }
 
     const A: &str = "0b7e2c4a-1111-4222-8333-444455556666";
@@ -387,8 +476,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("checkpoint"));
         assert!(cp.load().unwrap().claims.is_empty());
-        cp.record(&sample(A)).unwrap();
-        cp.record(&sample(B)).unwrap();
+        record(&cp, A);
+        record(&cp, B);
         let loaded = cp.load().unwrap();
         assert_eq!(loaded.claims.len(), 2);
         assert_eq!(loaded.claims[&Uid::new(A).unwrap()], sample(A));
@@ -401,8 +490,8 @@ mod tests {
     fn a_corrupt_record_costs_only_its_claim() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("checkpoint"));
-        cp.record(&sample(A)).unwrap();
-        cp.record(&sample(B)).unwrap();
+        record(&cp, A);
+        record(&cp, B);
         let a = cp.dir().join(format!("{A}.json"));
         let text = fs::read_to_string(&a).unwrap();
         fs::write(&a, &text[..text.len() / 2]).unwrap();
@@ -412,7 +501,7 @@ mod tests {
         assert!(loaded.corrupt[0].1.as_ref().unwrap().exists() && !a.exists());
         assert!(loaded.may_have_lost(&Uid::new(A).unwrap()) && !loaded.may_have_lost(&Uid::new(B).unwrap()));
         // An edited record fails its checksum; one renamed to another claim is refused too.
-        cp.record(&sample(A)).unwrap();
+        record(&cp, A);
         fs::write(&a, fs::read_to_string(&a).unwrap().replace("4Gi", "8Gi")).unwrap();
         let loaded = cp.load().unwrap();
         assert!(loaded.corrupt[0].0.to_string().contains("checksum mismatch"), "{}", loaded.corrupt[0].0);
@@ -424,7 +513,7 @@ mod tests {
     fn directories_links_and_fifos_are_skipped_never_read() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("checkpoint"));
-        cp.record(&sample(A)).unwrap();
+        record(&cp, A);
         fs::create_dir(cp.dir().join(format!("{B}.json"))).unwrap();
         std::os::unix::fs::symlink(dir.path().join("nowhere"), cp.dir().join("dangling.json")).unwrap();
         assert!(std::process::Command::new("mkfifo").arg(cp.dir().join("fifo.json")).status().unwrap().success());
@@ -441,12 +530,63 @@ mod tests {
     fn version_one_file_is_migrated() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::new(dir.path().join("checkpoint"));
-        let claims = BTreeMap::from([(Uid::new(A).unwrap(), sample(A))]);
-        let v1 = serde_json::json!({"version": 1, "checksum": checksum(&claims), "claims": claims});
+        let s = sample(A);
+        let recorded = Recorded { claim: s.claim.clone(), devices: s.devices.clone(), spec: spec_of(A), mig: Vec::new() };
+        let v1_claims = BTreeMap::from([(Uid::new(A).unwrap(), recorded)]);
+        let v1 = serde_json::json!({"version": 1, "checksum": checksum(&v1_claims), "claims": v1_claims});
         fs::write(dir.path().join("checkpoint.json"), v1.to_string()).unwrap();
+        let claims = BTreeMap::from([(Uid::new(A).unwrap(), sample(A))]);
         let loaded = cp.load().unwrap();
         assert_eq!(loaded.claims, claims);
         assert!(!dir.path().join("checkpoint.json").exists());
+        assert_eq!(cp.spec_of(&sample(A)).unwrap(), spec_of(A), "the whole spec is in the new record");
         assert_eq!(cp.load().unwrap().claims, claims, "the records now stand on their own");
+    }
+
+    #[test]
+    fn a_record_holds_the_whole_spec_in_the_form_records_always_had() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::new(dir.path().join("checkpoint"));
+        record(&cp, A);
+        let text = fs::read_to_string(cp.dir().join(format!("{A}.json"))).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // Records written before the driver held less than the spec have this form and checksum.
+        let s = sample(A);
+        let expected = serde_json::json!({
+            "claim": s.claim,
+            "devices": s.devices,
+            "spec": spec_of(A),
+        });
+        assert_eq!(value["claim"], expected);
+        let body = serde_json::to_vec(&serde_json::from_value::<Recorded>(expected).unwrap()).unwrap();
+        let sum: String = Sha256::digest(&body).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(value["checksum"], sum);
+        assert_eq!(cp.spec_of(&sample(A)).unwrap(), spec_of(A));
+    }
+
+    #[test]
+    fn the_spec_is_read_back_only_from_the_claims_own_valid_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::new(dir.path().join("checkpoint"));
+        // No record.
+        assert!(matches!(cp.spec_of(&sample(A)), Err(CheckpointError::Io { .. })));
+        record(&cp, A);
+        record(&cp, B);
+        // Another claim's record under its name.
+        let a = cp.dir().join(format!("{A}.json"));
+        fs::copy(cp.dir().join(format!("{B}.json")), &a).unwrap();
+        assert!(matches!(cp.spec_of(&sample(A)), Err(CheckpointError::Corrupt { .. })));
+        // Its own, valid, but with another spec than the one held: stale, never written back.
+        let mut other = sample(A);
+        other.spec = super::super::held_spec::HeldSpec::new(&spec_of(B));
+        cp.record(&other, &spec_of(B)).unwrap();
+        let err = cp.spec_of(&sample(A)).unwrap_err();
+        assert!(err.to_string().contains("not the one the claim was prepared with"), "{err}");
+        // Edited: the checksum refuses it.
+        record(&cp, A);
+        fs::write(&a, fs::read_to_string(&a).unwrap().replace("rw", "ro")).unwrap();
+        assert!(cp.spec_of(&sample(A)).unwrap_err().to_string().contains("checksum"));
+        // Nothing was moved aside by reading.
+        assert!(a.exists());
     }
 }

@@ -1,76 +1,65 @@
-//! A prepared claim's CDI spec as the driver holds it between prepare and unprepare: its JSON
-//! text in one allocation. Parsed, a spec is some sixty small allocations (every env entry,
-//! mount option and annotation its own string), 2.4 KiB per claim and scattered through the
-//! heap, where they kept whole pages of a burst's freed memory resident (BENCHMARKS.md, issue
-//! 35); the text is about 1.2 KiB. It is read back only off the hot path: a restore after a
-//! lost spec file, the claim's status once per prepare, the monitor once per claim.
+//! What the driver holds of a prepared claim's CDI spec between prepare and unprepare: the
+//! environment its containers get, as JSON text in one allocation, and a digest of the whole
+//! spec. The whole spec (mounts, device nodes, annotations: three quarters of its 1.2 KiB) is
+//! in the claim's checkpoint record on disk, and is read back from there in the one case that
+//! needs it, rewriting a spec file the CDI directory lost or that was changed (BENCHMARKS.md,
+//! issue 35). The digest tells whether a spec file on disk is the one prepared, without that
+//! read, and that the record read back still holds the spec prepared.
 //!
-//! In a record it is the same JSON as the parsed spec's, so records and their checksums are
-//! unchanged, and a record read from disk is parsed in full, as before, before it is held.
+//! The environment is read back by the claim's directory, its status and the monitor.
 
 use cdi_spec::Spec;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::Deserialize;
 use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
 
-/// A claim's CDI spec, held as its compact JSON.
+/// What is held of a claim's CDI spec: its containers' env and its digest.
 #[derive(Clone)]
-pub struct HeldSpec(Box<RawValue>);
+pub struct HeldSpec {
+    /// The spec's `containerEdits.env`, as a compact JSON array.
+    env: Box<RawValue>,
+    /// SHA-256 of the spec's compact JSON.
+    digest: [u8; 32],
+}
 
-/// The held text is not a spec: only a bug can cause it, since only a parsed spec is held.
+/// The held text is not an env: only a bug can cause it, since only a spec's env is held.
 #[derive(Debug, thiserror::Error)]
-#[error("the CDI spec held for the claim does not read back")]
+#[error("the CDI spec env held for the claim does not read back")]
 pub struct HeldSpecError(#[from] serde_json::Error);
 
+/// SHA-256 of `spec`'s compact JSON, which has one form (fields in declaration order, maps
+/// sorted).
+fn digest(spec: &Spec) -> [u8; 32] {
+    // A spec is strings, numbers, sequences and string-keyed maps: its JSON cannot fail.
+    let json = serde_json::to_vec(spec).expect("a CDI spec always has a JSON form");
+    Sha256::digest(&json).into()
+}
+
 impl HeldSpec {
-    /// Holds `spec`.
+    /// Holds what is kept of `spec`.
     pub fn new(spec: &Spec) -> Self {
-        // A spec is strings, numbers, sequences and string-keyed maps: its JSON cannot fail.
-        Self(serde_json::value::to_raw_value(spec).expect("a CDI spec always has a JSON form"))
+        let env = serde_json::value::to_raw_value(&spec.container_edits.env).expect("an env always has a JSON form");
+        Self { env, digest: digest(spec) }
     }
 
-    /// The spec, parsed.
-    ///
-    /// # Errors
-    /// [`HeldSpecError`] if the text does not read back as a spec.
-    pub fn parse(&self) -> Result<Spec, HeldSpecError> {
-        Ok(serde_json::from_str(self.0.get())?)
-    }
-
-    /// The environment the spec gives every container (its `containerEdits.env`), read without
-    /// building the rest.
+    /// The environment the spec gives every container (its `containerEdits.env`; a device's
+    /// own env is not every container's).
     ///
     /// # Errors
     /// [`HeldSpecError`] if the text does not read back.
     pub fn env(&self) -> Result<Vec<String>, HeldSpecError> {
-        #[derive(Deserialize)]
-        struct Edits {
-            #[serde(default)]
-            env: Vec<String>,
-        }
-        #[derive(Deserialize)]
-        struct EnvOnly {
-            #[serde(rename = "containerEdits", default)]
-            container_edits: Option<Edits>,
-        }
-        let only: EnvOnly = serde_json::from_str(self.0.get())?;
-        Ok(only.container_edits.map(|e| e.env).unwrap_or_default())
+        Ok(Vec::<String>::deserialize(&*self.env)?)
     }
 
-    /// The spec's JSON text.
-    pub fn json(&self) -> &str {
-        self.0.get()
-    }
-
-    /// Whether this is the same spec as `spec`: the same JSON, as a spec's JSON has one form
-    /// (fields in declaration order, maps sorted).
+    /// Whether `spec` is the spec held: the same JSON, by its digest.
     pub fn is(&self, spec: &Spec) -> bool {
-        serde_json::to_string(spec).is_ok_and(|text| text == self.json())
+        digest(spec) == self.digest
     }
 }
 
 impl PartialEq for HeldSpec {
     fn eq(&self, other: &Self) -> bool {
-        self.json() == other.json()
+        self.digest == other.digest && self.env.get() == other.env.get()
     }
 }
 
@@ -78,20 +67,8 @@ impl Eq for HeldSpec {}
 
 impl std::fmt::Debug for HeldSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.json())
-    }
-}
-
-impl Serialize for HeldSpec {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
-    }
-}
-
-impl<'de> Deserialize<'de> for HeldSpec {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        // Parsed in full, so a record with a spec that is not one is refused as before.
-        Spec::deserialize(deserializer).map(|spec| Self::new(&spec))
+        let digest: String = self.digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        f.debug_struct("HeldSpec").field("env", &self.env.get()).field("digest", &digest).finish()
     }
 }
 
@@ -121,14 +98,24 @@ mod tests {
     }
 
     #[test]
-    fn a_held_spec_reads_back_as_the_spec() {
+    fn a_held_spec_is_its_spec_and_no_other() {
         let held = HeldSpec::new(&spec());
-        assert_eq!(held.parse().unwrap(), spec());
         assert!(held.is(&spec()));
-        let mut other = spec();
-        other.container_edits.env.pop();
-        assert!(!held.is(&other));
-        assert_ne!(held, HeldSpec::new(&other));
+        assert_eq!(held, HeldSpec::new(&spec()));
+        // Every part counts, not only the env that is kept in full.
+        let changes: [fn(&mut Spec); 5] = [
+            |s| drop(s.container_edits.env.pop()),
+            |s| s.container_edits.mounts[0].options.push("rw".into()),
+            |s| drop(s.annotations.insert("a".into(), "other".into())),
+            |s| s.devices[0].container_edits.env.push("B=2".into()),
+            |s| s.devices[0].name = "gpu-1".into(),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut other = spec();
+            change(&mut other);
+            assert!(!held.is(&other), "change {i}");
+            assert_ne!(held, HeldSpec::new(&other), "change {i}");
+        }
     }
 
     #[test]
@@ -141,42 +128,19 @@ mod tests {
     }
 
     #[test]
-    fn in_a_record_it_is_the_parsed_spec_json() {
-        // Records written before specs were held as text must keep their checksums.
-        #[derive(Serialize)]
-        struct Parsed {
-            spec: Spec,
-        }
-        #[derive(Serialize, Deserialize)]
-        struct Held {
-            spec: HeldSpec,
-        }
-        let parsed = serde_json::to_string(&Parsed { spec: spec() }).unwrap();
-        let held = serde_json::to_string(&Held { spec: HeldSpec::new(&spec()) }).unwrap();
-        assert_eq!(held, parsed);
-        let back: Held = serde_json::from_str(&parsed).unwrap();
-        assert_eq!(back.spec.parse().unwrap(), spec());
-    }
-
-    #[test]
-    fn text_that_is_not_a_spec_is_refused_when_read() {
-        #[derive(Deserialize, Debug)]
-        struct Held {
-            #[allow(dead_code)]
-            spec: HeldSpec,
-        }
-        for bad in [r#"{"spec":{"cdiVersion":7}}"#, r#"{"spec":[]}"#, r#"{"spec":"text"}"#] {
-            assert!(serde_json::from_str::<Held>(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn spacing_and_order_in_a_record_do_not_change_what_is_held() {
+    fn a_spec_read_back_in_another_layout_is_the_same_spec() {
+        // A spec file is read and parsed before it is compared: its spacing and the order of its
+        // map keys on disk do not matter, only what the spec says.
         let compact = serde_json::to_string(&spec()).unwrap();
-        let pretty = serde_json::to_string_pretty(&spec()).unwrap();
-        let a: HeldSpec = serde_json::from_str(&compact).unwrap();
-        let b: HeldSpec = serde_json::from_str(&pretty).unwrap();
-        assert_eq!(a, b);
-        assert_eq!(a.json(), compact);
+        let text = compact.replace(r#""a":"first","z":"last""#, r#" "z" : "last" , "a" : "first" "#);
+        assert_ne!(text, compact);
+        let back: Spec = serde_json::from_str(&text).unwrap();
+        assert!(HeldSpec::new(&spec()).is(&back));
+    }
+
+    #[test]
+    fn it_holds_less_than_the_spec() {
+        let held = HeldSpec::new(&spec());
+        assert!(held.env.get().len() < serde_json::to_string(&spec()).unwrap().len() / 2);
     }
 }
