@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::{DeviceName, Quantity, Uid};
+use crate::{Amounts, DeviceName, Quantity, Uid};
 
 /// One claim's share of one device: one allocation result. Two requests of one claim on the
 /// same device are two shares, never one.
@@ -19,7 +19,7 @@ pub struct ShareKey {
     pub share: Option<Uid>,
 }
 
-/// What a share consumes, by capacity name.
+/// What a device has or its shares take together, by capacity name.
 pub type Consumption = BTreeMap<String, Quantity>;
 
 /// Why a share was refused.
@@ -74,8 +74,7 @@ pub enum AdmitError {
 ///
 /// Every operation costs the same however many shares are admitted (a node may hold thousands):
 /// what each device's shares take together is kept as they come and go, and shares are filed by
-/// claim. A share's amounts are kept as a short sorted list, not a map: a map's first node is
-/// 640 bytes, for three figures.
+/// claim. A share's amounts are kept as [`Amounts`], not a map.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
     capacity: BTreeMap<DeviceName, Consumption>,
@@ -83,17 +82,6 @@ pub struct Ledger {
     claims: BTreeMap<Uid, Vec<(ShareKey, Amounts)>>,
     /// What the admitted shares of each device take together.
     used: BTreeMap<DeviceName, Consumption>,
-}
-
-/// A share's amounts, sorted by capacity name.
-type Amounts = Box<[(Box<str>, Quantity)]>;
-
-fn amounts(consumption: &Consumption) -> Amounts {
-    consumption.iter().map(|(k, v)| (Box::from(k.as_str()), *v)).collect()
-}
-
-fn same(amounts: &Amounts, consumption: &Consumption) -> bool {
-    amounts.len() == consumption.len() && amounts.iter().zip(consumption).all(|((a, x), (b, y))| **a == **b && x == y)
 }
 
 impl Ledger {
@@ -124,36 +112,37 @@ impl Ledger {
     /// [`AdmitError`] naming device, capacity, requested and free amounts; nothing changes.
     // The error carries every number the operator needs; admission is rare, so size is no concern.
     #[allow(clippy::result_large_err)]
-    pub fn admit(&mut self, key: ShareKey, consumption: Consumption) -> Result<(), AdmitError> {
+    pub fn admit(&mut self, key: ShareKey, consumption: impl Into<Amounts>) -> Result<(), AdmitError> {
+        let consumption = consumption.into();
         if let Some(existing) = self.get(&key) {
-            return if same(existing, &consumption) {
+            return if *existing == consumption {
                 Ok(())
             } else {
                 Err(AdmitError::Conflict { claim: key.claim, device: key.device })
             };
         }
         self.fits(&key, &consumption)?;
-        self.insert(key, &consumption);
+        self.insert(key, consumption);
         Ok(())
     }
 
     /// Files a share not admitted yet and adds it to its device's total.
-    fn insert(&mut self, key: ShareKey, consumption: &Consumption) {
+    fn insert(&mut self, key: ShareKey, consumption: Amounts) {
         let used = self.used.entry(key.device.clone()).or_default();
-        for (name, amount) in consumption {
-            let entry = used.entry(name.clone()).or_insert(Quantity::ZERO.with_format(amount.format()));
+        for (name, amount) in consumption.iter() {
+            let entry = used.entry(name.to_owned()).or_insert(Quantity::ZERO.with_format(amount.format()));
             *entry = entry.checked_add(*amount).unwrap_or(*entry);
         }
         // Sized for one: most claims have one share, and a Vec's first growth makes room for four.
         let shares = self.claims.entry(key.claim.clone()).or_insert_with(|| Vec::with_capacity(1));
-        shares.push((key, amounts(consumption)));
+        shares.push((key, consumption));
     }
 
     /// Takes a released share's amounts off its device's total.
     fn subtract(&mut self, key: &ShareKey, amounts: &Amounts) {
         let Some(used) = self.used.get_mut(&key.device) else { return };
-        for (name, amount) in amounts {
-            if let Some(entry) = used.get_mut(&**name) {
+        for (name, amount) in amounts.iter() {
+            if let Some(entry) = used.get_mut(name) {
                 *entry = entry.checked_sub(*amount).unwrap_or(*entry);
             }
         }
@@ -161,29 +150,29 @@ impl Ledger {
 
     /// Whether a new share `key` taking `consumption` fits beside the admitted ones.
     #[allow(clippy::result_large_err)]
-    fn fits(&self, key: &ShareKey, consumption: &Consumption) -> Result<(), AdmitError> {
+    fn fits(&self, key: &ShareKey, consumption: &Amounts) -> Result<(), AdmitError> {
         match self.get(key) {
             // Already counted: checking it against a total that includes it would count it twice.
-            Some(existing) if same(existing, consumption) => return Ok(()),
+            Some(existing) if existing == consumption => return Ok(()),
             Some(_) => return Err(AdmitError::Conflict { claim: key.claim.clone(), device: key.device.clone() }),
             None => {}
         }
         let totals = self.capacity.get(&key.device).ok_or_else(|| AdmitError::UnknownDevice(key.device.clone()))?;
         let used = self.used.get(&key.device);
-        for (name, requested) in consumption {
+        for (name, requested) in consumption.iter() {
             let device = || key.device.clone();
             if requested.is_negative() {
-                return Err(AdmitError::Negative { device: device(), capacity: name.clone(), amount: *requested });
+                return Err(AdmitError::Negative { device: device(), capacity: name.to_owned(), amount: *requested });
             }
             let total =
-                *totals.get(name).ok_or_else(|| AdmitError::UnknownCapacity { device: device(), capacity: name.clone() })?;
+                *totals.get(name).ok_or_else(|| AdmitError::UnknownCapacity { device: device(), capacity: name.to_owned() })?;
             let taken = used.and_then(|u| u.get(name)).copied().unwrap_or(Quantity::ZERO);
             // Saturates at zero: a device that is already over (restored shares) has nothing free.
             let free = total.checked_sub(taken).ok().filter(|f| !f.is_negative()).unwrap_or(Quantity::ZERO);
             if *requested > free {
                 return Err(AdmitError::OverCapacity {
                     device: device(),
-                    capacity: name.clone(),
+                    capacity: name.to_owned(),
                     requested: *requested,
                     free,
                     total,
@@ -198,14 +187,15 @@ impl Ledger {
     /// takes past the device's total, if any; while a device is over, [`Ledger::admit`] refuses
     /// every new share of it (nothing is free).
     #[allow(clippy::result_large_err)]
-    pub fn restore(&mut self, key: ShareKey, consumption: Consumption) -> Option<AdmitError> {
+    pub fn restore(&mut self, key: ShareKey, consumption: impl Into<Amounts>) -> Option<AdmitError> {
+        let consumption = consumption.into();
         let over = match self.fits(&key, &consumption) {
             Ok(()) if self.get(&key).is_some() => return None,
             Ok(()) => None,
             Err(e @ AdmitError::Conflict { .. }) => return Some(e),
             Err(e) => Some(e),
         };
-        self.insert(key, &consumption);
+        self.insert(key, consumption);
         over
     }
 

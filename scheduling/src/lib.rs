@@ -27,8 +27,10 @@ pub use device_config::{
     ConfigForm, DeviceConfig, DeviceConfigError, HamiRequestSettings, IgnoredKey, MigGeometry, MigGeometryGroup, MigModels,
 };
 pub use model::{Gpu, Health, Inventory, MigDevice, MigPlacement};
+pub mod amounts;
 pub mod ledger;
 
+pub use amounts::Amounts;
 pub use ledger::{AdmitError, Consumption, Ledger, ShareKey};
 pub mod compat;
 pub mod limits;

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use vgpu_scheduling::device::CAPACITY_CORES;
 use vgpu_scheduling::{
-    Consumption, DeviceName, DriverName, NameError, Namespace, ObjectName, PublishedDevice, Quantity, ShareKey, Uid,
+    Amounts, Consumption, DeviceName, DriverName, NameError, Namespace, ObjectName, PublishedDevice, Quantity, ShareKey, Uid,
 };
 
 /// A claim as the kubelet names it; every part validated, so none can reach an API path or a
@@ -51,7 +51,7 @@ pub struct ClaimDevice {
     /// The scheduler's share ID.
     pub share_id: Option<Uid>,
     /// What the share consumes.
-    pub consumption: Consumption,
+    pub consumption: Amounts,
     /// Allocated with admin access (a monitoring claim): it gets no HAMi-core limits.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub admin: bool,
@@ -292,7 +292,7 @@ fn check_node_selector(selector: Option<&NodeSelector>, claim: &str, node: &str)
 /// What one allocation result takes of `dev`, each capacity at least its policy minimum.
 /// Without consumedCapacity (no consumable capacity on the scheduler side) the share is what an
 /// empty request consumes under the device's policies: the scheduler's default.
-fn consumption_of(r: &DeviceRequestAllocationResult, dev: &PublishedDevice, label: &str) -> Result<Consumption, ClaimError> {
+fn consumption_of(r: &DeviceRequestAllocationResult, dev: &PublishedDevice, label: &str) -> Result<Amounts, ClaimError> {
     let mut consumption = Consumption::new();
     for (name, capacity) in &dev.capacity {
         let amount = match r.consumed_capacity.as_ref().and_then(|c| c.get(name)) {
@@ -330,7 +330,7 @@ fn consumption_of(r: &DeviceRequestAllocationResult, dev: &PublishedDevice, labe
             value: "unknown capacity".into(),
         });
     }
-    Ok(consumption)
+    Ok(consumption.into())
 }
 
 /// The HAMi-core settings of a claim's allocation that are not capacities (HAMi's task priority

@@ -67,7 +67,7 @@ mod tests {
             request: "gpu".into(),
             device: DeviceName::new(name).unwrap(),
             share_id: share.map(|s| Uid::new(s).unwrap()),
-            consumption,
+            consumption: consumption.into(),
             admin,
         }
     }

@@ -22,7 +22,7 @@ pub struct ShareUsage {
     /// The device the share is on.
     pub device: DeviceName,
     /// What the share consumes.
-    pub consumption: vgpu_scheduling::Consumption,
+    pub consumption: vgpu_scheduling::Amounts,
 }
 
 /// Everything the metrics report, read at once: metrics depend on this, not on the state.

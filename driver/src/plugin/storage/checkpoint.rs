@@ -434,7 +434,7 @@ fn quarantine(path: &Path) -> Result<PathBuf, CheckpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vgpu_scheduling::{Consumption, DeviceName, Quantity};
+    use vgpu_scheduling::{Amounts, DeviceName, Quantity};
 
     fn sample(uid: &str) -> PreparedClaim {
         let uid = Uid::new(uid).unwrap();
@@ -443,7 +443,7 @@ mod tests {
             request: "gpu".into(),
             device: DeviceName::new("hami-gpu-0").unwrap(),
             share_id: Some(Uid::new("s1").unwrap()),
-            consumption: Consumption::from([("memory".into(), Quantity::parse("4Gi").unwrap())]),
+            consumption: Amounts::from([("memory", Quantity::parse("4Gi").unwrap())]),
             admin: false,
         }];
         let spec = super::super::held_spec::HeldSpec::new(&spec_of(uid.as_str()));
