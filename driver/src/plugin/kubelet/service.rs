@@ -165,16 +165,22 @@ impl DraService {
         for uid in uids {
             let started = Instant::now();
             let error = match Uid::new(uid.clone()) {
-                Ok(u) => match self.state.unprepare(&u).await {
-                    Ok(()) => {
-                        tracing::info!(%uid, "unprepared");
-                        String::new()
+                // On a task of its own, as a prepare: it finishes even if the kubelet gives up.
+                Ok(u) => {
+                    let state = self.state.clone();
+                    match tokio::spawn(async move { state.unprepare(&u).await }).await {
+                        Ok(Ok(())) => {
+                            tracing::info!(%uid, "unprepared");
+                            String::new()
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(%uid, error = %e.chain(), "unprepare failed");
+                            e.chain()
+                        }
+                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                        Err(_) => "the unprepare was cancelled: the driver is stopping".to_owned(),
                     }
-                    Err(e) => {
-                        tracing::warn!(%uid, error = %e.chain(), "unprepare failed");
-                        e.chain()
-                    }
-                },
+                }
                 // Nothing can have been prepared under an invalid UID.
                 Err(_) => String::new(),
             };

@@ -195,11 +195,36 @@ impl Storage {
     /// # Errors
     /// [`PrepareError::Host`] naming the path.
     fn make_claim_dir(&self, entry: &PreparedClaim) -> Result<(), PrepareError> {
+        self.claim_dir_of(entry)?.map_or(Ok(()), ClaimDir::make)
+    }
+
+    /// Where [`Storage::make_claim_dir`] makes `entry`'s directory, and its region file; none
+    /// for a monitoring claim.
+    ///
+    /// # Errors
+    /// [`PrepareError::HeldSpec`] when the held env does not read back (a bug).
+    fn claim_dir_of(&self, entry: &PreparedClaim) -> Result<Option<ClaimDir>, PrepareError> {
         if is_admin(&entry.devices) {
-            return Ok(());
+            return Ok(None);
         }
-        let env = entry.spec.env()?;
-        Ok(ensure_claim_dir(&claim_dir(&self.cdi, &entry.claim), region_file(&env).as_deref())?)
+        let region = region_file(&entry.spec.env()?);
+        Ok(Some(ClaimDir { path: claim_dir(&self.cdi, &entry.claim), region }))
+    }
+}
+
+/// A prepared claim's host directory and the region file in it, to be made.
+struct ClaimDir {
+    path: std::path::PathBuf,
+    region: Option<String>,
+}
+
+impl ClaimDir {
+    /// Makes the directory and its empty region file.
+    ///
+    /// # Errors
+    /// [`PrepareError::Host`] naming the path.
+    fn make(self) -> Result<(), PrepareError> {
+        Ok(ensure_claim_dir(&self.path, self.region.as_deref())?)
     }
 }
 

@@ -13,10 +13,10 @@ use crate::plugin::containers::{Consumer, top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::mig::MigTarget;
-use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::PreparedClaim;
 use crate::plugin::storage::held_spec::HeldSpec;
 use crate::plugin::storage::toolkit::toolkit_id;
+use crate::plugin::storage::{blocking, off_runtime};
 
 /// A claim read and worked out, not yet admitted.
 struct Built {
@@ -163,25 +163,38 @@ impl State {
     /// The record renamed into place and made durable (the directory fsync shared with the
     /// prepares in flight), then the claim's directory and its spec: a spec is never visible
     /// before its record is durable. Runs without the lock; the claim is marked committing.
+    ///
+    /// The file work runs on blocking threads ([`off_runtime`]); a prepare runs in its own task,
+    /// so it is never dropped between them.
     async fn make_visible(&self, entry: &PreparedClaim, staged: StagedClaim, host_dirs: bool) -> Result<(), PrepareError> {
         let StagedClaim { record, spec } = staged;
-        if let Err(e) = blocking(|| record.rename()) {
-            blocking(|| drop(spec));
+        let dir = if host_dirs { self.storage.claim_dir_of(entry) } else { Ok(None) };
+        let dir = match dir {
+            Ok(dir) => dir,
+            Err(e) => {
+                off_runtime(move || drop((record, spec))).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = off_runtime(move || record.rename()).await {
+            off_runtime(move || drop(spec)).await;
             return Err(e.into());
         }
         if let Err(e) = self.sync_records().await {
-            blocking(|| drop(spec));
+            off_runtime(move || drop(spec)).await;
             return Err(e);
         }
         fail_point(self.fail_at, FailPoint::PrepareCheckpointed);
-        blocking(|| {
-            if host_dirs {
-                self.storage.make_claim_dir(entry)?;
+        let fail_at = self.fail_at;
+        off_runtime(move || {
+            if let Some(dir) = dir {
+                dir.make()?;
             }
             spec.commit()?;
-            fail_point(self.fail_at, FailPoint::PrepareSpecWritten);
+            fail_point(fail_at, FailPoint::PrepareSpecWritten);
             Ok(())
         })
+        .await
     }
 
     /// Makes every record renamed so far durable: one fsync of the checkpoint directory started

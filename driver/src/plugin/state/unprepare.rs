@@ -7,11 +7,17 @@ use vgpu_scheduling::Uid;
 use super::{Inner, State, Storage};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
-use crate::plugin::storage::blocking;
 use crate::plugin::storage::trash::{DEFAULT_BUDGET, Trash};
+use crate::plugin::storage::{blocking, off_runtime};
 
 impl State {
     /// Unprepares one claim; unknown claims succeed.
+    ///
+    /// Its file work runs on blocking threads ([`off_runtime`]), with the lock held. It must not
+    /// be dropped midway, which would leave the ledger holding the claim's shares: the kubelet's
+    /// calls run on a task of their own, and the periodic release stops only with the driver,
+    /// which leaves the disk as a crash there would (the record gone first, then the spec, then
+    /// the directory), for the next start to finish.
     ///
     /// # Errors
     /// When the checkpoint or spec cannot be written (the kubelet retries).
@@ -21,7 +27,8 @@ impl State {
         let Storage { checkpoint, specs, .. } = &self.storage;
         self.release_instances(uid, prepared)?;
         if let Some(entry) = prepared.remove(uid) {
-            if let Err(e) = blocking(|| checkpoint.forget(uid)) {
+            let (checkpoint, owned) = (checkpoint.clone(), uid.clone());
+            if let Err(e) = off_runtime(move || checkpoint.forget(&owned)).await {
                 prepared.insert(uid.clone(), entry);
                 return Err(e.into());
             }
@@ -34,11 +41,14 @@ impl State {
         }
         gone.remove(uid);
         self.claims.forget(uid);
-        if blocking(|| specs.remove(uid.as_str()))? {
+        let (specs, owned) = (specs.clone(), uid.clone());
+        if off_runtime(move || specs.remove(owned.as_str())).await? {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
         // Under the lock: a prepare of the same claim right after makes its directory anew.
-        self.discard_dir(uid);
+        let (trash, dir) = (self.trash(), self.storage.cdi.claims_root.join(uid.as_str()));
+        let discarded = off_runtime(move || trash.discard(&dir)).await;
+        self.discarded(uid, discarded);
         drop(inner);
         self.changed();
         Ok(())
@@ -50,10 +60,18 @@ impl State {
     /// Called with the lock held, so that it never takes the directory of a prepare after it.
     pub(super) fn discard_dir(&self, uid: &Uid) {
         let dir = self.storage.cdi.claims_root.join(uid.as_str());
-        match blocking(|| self.trash().discard(&dir)) {
+        let discarded = blocking(|| self.trash().discard(&dir));
+        self.discarded(uid, discarded);
+    }
+
+    /// What follows the move of claim `uid`'s directory into the trash: the trash emptied, or
+    /// why it could not be moved.
+    fn discarded(&self, uid: &Uid, moved: std::io::Result<bool>) {
+        match moved {
             Ok(true) => self.empty_trash(),
             Ok(false) => {}
             Err(e) => {
+                let dir = self.storage.cdi.claims_root.join(uid.as_str());
                 tracing::warn!(claim = %uid, path = %dir.display(), error = %e, "claim directory not moved to the trash; the periodic check retries");
             }
         }
