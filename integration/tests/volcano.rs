@@ -492,9 +492,10 @@ fn a_gang_half_refused_by_the_node_leaves_nothing_counted_once_given_up() {
         Ok(gone.then_some(()))
     })
     .unwrap();
+    // The release removes the record first, then the spec: done when both are gone.
     eventually("the first worker's share released by the driver", Duration::from_secs(60), || {
         drv.check_running()?;
-        Ok(dirs.checkpointed().is_empty().then_some(()))
+        Ok((dirs.checkpointed().is_empty() && dirs.specs_for(first_uid) == 0).then_some(()))
     })
     .unwrap();
     assert_eq!((dirs.specs_for(first_uid), dirs.specs_for(second_uid)), (0, 0), "nothing of the gang left on disk");
