@@ -122,6 +122,17 @@ pub struct DraService {
 
 type Answers = HashMap<String, Result<Vec<PreparedDevice>, String>>;
 
+/// Runs `work` on a task of its own, so that it finishes even if the kubelet gives up on the
+/// call (whose answer is then dropped); `None` when the runtime cancelled it, as it does when
+/// the driver stops. Its panic goes on in the caller.
+async fn own_task<T: Send + 'static>(work: impl std::future::Future<Output = T> + Send + 'static) -> Option<T> {
+    match tokio::spawn(work).await {
+        Ok(output) => Some(output),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
+    }
+}
+
 impl DraService {
     async fn prepare_all(&self, claims: Vec<(String, String, String)>) -> Answers {
         let jobs = claims.into_iter().map(|(namespace, name, uid)| {
@@ -134,10 +145,9 @@ impl DraService {
                     // On a task of its own: a prepare admitted in the ledger finishes making its
                     // files visible (or undoes its admission) even if the kubelet gives up on the
                     // call, whose answer is then dropped; a retry finds it prepared.
-                    Ok(claim) => match tokio::spawn(async move { state.prepare(&claim).await }).await {
-                        Ok(result) => result.map_err(|e| (e.reason(), e.chain())),
-                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                        Err(_) => Err(("cancelled", "the prepare was cancelled: the driver is stopping".to_owned())),
+                    Ok(claim) => match own_task(async move { state.prepare(&claim).await }).await {
+                        Some(result) => result.map_err(|e| (e.reason(), e.chain())),
+                        None => Err(("cancelled", "the prepare was cancelled: the driver is stopping".to_owned())),
                     },
                     Err(e) => Err(("invalid_claim", e.to_string())),
                 };
@@ -168,17 +178,16 @@ impl DraService {
                 // On a task of its own, as a prepare: it finishes even if the kubelet gives up.
                 Ok(u) => {
                     let state = self.state.clone();
-                    match tokio::spawn(async move { state.unprepare(&u).await }).await {
-                        Ok(Ok(())) => {
+                    match own_task(async move { state.unprepare(&u).await }).await {
+                        Some(Ok(())) => {
                             tracing::info!(%uid, "unprepared");
                             String::new()
                         }
-                        Ok(Err(e)) => {
+                        Some(Err(e)) => {
                             tracing::warn!(%uid, error = %e.chain(), "unprepare failed");
                             e.chain()
                         }
-                        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                        Err(_) => "the unprepare was cancelled: the driver is stopping".to_owned(),
+                        None => "the unprepare was cancelled: the driver is stopping".to_owned(),
                     }
                 }
                 // Nothing can have been prepared under an invalid UID.

@@ -204,12 +204,7 @@ impl State {
         let checkpoint = self.storage.checkpoint.clone();
         let synced = self
             .record_sync
-            .get(|| async move {
-                match tokio::task::spawn_blocking(move || checkpoint.sync()).await {
-                    Ok(result) => result.map_err(std::sync::Arc::new),
-                    Err(e) => std::panic::resume_unwind(e.into_panic()),
-                }
-            })
+            .get(|| async move { off_runtime(move || checkpoint.sync()).await.map_err(std::sync::Arc::new) })
             .await;
         synced.map_err(|e| {
             PrepareError::Checkpoint(crate::plugin::storage::checkpoint::CheckpointError::Io {

@@ -6,8 +6,8 @@ use vgpu_dra_runtime::sync::lock;
 
 use super::State;
 use crate::plugin::error::{PrepareError, chain};
-use crate::plugin::storage::blocking;
 use crate::plugin::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, StagedRecord};
+use crate::plugin::storage::{blocking, joined, off_runtime};
 
 /// A claim's checkpoint record (durable) and spec, written beside their names, not yet visible.
 pub(super) struct StagedClaim {
@@ -32,14 +32,14 @@ impl Stager {
         let (toolkit, (record, spec_file)) = joined(self.work.await);
         let (checkpoint, specs) = self.storage;
         let entry = entry.clone();
-        let staging = tokio::task::spawn_blocking(move || {
+        let staged = off_runtime(move || {
             // A failed reservation drops the other one here, off the runtime.
             let (record, file) = (record?, spec_file?);
             let record = checkpoint.stage_in(record, &entry, &spec)?;
             let spec = specs.stage_in(file, entry.claim.uid.as_str(), &spec)?;
             Ok(StagedClaim { record, spec })
         });
-        (toolkit, joined(staging.await))
+        (toolkit, staged.await)
     }
 
     /// Waits for the files and removes them unused; the toolkit's device names, looked up
@@ -49,11 +49,6 @@ impl Stager {
         blocking(|| drop(files));
         toolkit
     }
-}
-
-/// The output of a finished blocking task; its panic goes on in the caller.
-fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
-    result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 impl State {

@@ -14,10 +14,12 @@ pub mod trash;
 /// API answers), each keeping the stack that took. For work whose caller cannot be dropped
 /// midway, or that may go on without it: the work finishes even if the caller is dropped.
 pub(crate) async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(value) => value,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
-    }
+    joined(tokio::task::spawn_blocking(f).await)
+}
+
+/// The output of a finished blocking task; its panic goes on in the caller.
+pub(crate) fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
+    result.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
 }
 
 /// Runs small synchronous file work (fsync included) without stalling the runtime's other tasks.
