@@ -46,9 +46,13 @@ impl State {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
         // Under the lock: a prepare of the same claim right after makes its directory anew.
-        let (trash, dir) = (self.trash(), self.storage.cdi.claims_root.join(uid.as_str()));
-        let discarded = off_runtime(move || trash.discard(&dir)).await;
-        self.discarded(uid, discarded);
+        let (trash, dir) = (self.trash(), self.claim_dir_path(uid));
+        let (dir, moved) = off_runtime(move || {
+            let moved = trash.discard(&dir);
+            (dir, moved)
+        })
+        .await;
+        self.discarded(uid, &dir, moved);
         drop(inner);
         self.changed();
         Ok(())
@@ -59,19 +63,23 @@ impl State {
     /// tenant wrote. A directory that cannot be moved is logged and left to the periodic sweep.
     /// Called with the lock held, so that it never takes the directory of a prepare after it.
     pub(super) fn discard_dir(&self, uid: &Uid) {
-        let dir = self.storage.cdi.claims_root.join(uid.as_str());
-        let discarded = blocking(|| self.trash().discard(&dir));
-        self.discarded(uid, discarded);
+        let dir = self.claim_dir_path(uid);
+        let moved = blocking(|| self.trash().discard(&dir));
+        self.discarded(uid, &dir, moved);
     }
 
-    /// What follows the move of claim `uid`'s directory into the trash: the trash emptied, or
-    /// why it could not be moved.
-    fn discarded(&self, uid: &Uid, moved: std::io::Result<bool>) {
+    /// Where claim `uid`'s directory is.
+    fn claim_dir_path(&self, uid: &Uid) -> std::path::PathBuf {
+        self.storage.cdi.claims_root.join(uid.as_str())
+    }
+
+    /// What follows the move of claim `uid`'s directory `dir` into the trash: the trash
+    /// emptied, or why it could not be moved.
+    fn discarded(&self, uid: &Uid, dir: &std::path::Path, moved: std::io::Result<bool>) {
         match moved {
             Ok(true) => self.empty_trash(),
             Ok(false) => {}
             Err(e) => {
-                let dir = self.storage.cdi.claims_root.join(uid.as_str());
                 tracing::warn!(claim = %uid, path = %dir.display(), error = %e, "claim directory not moved to the trash; the periodic check retries");
             }
         }
