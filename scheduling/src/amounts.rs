@@ -22,21 +22,6 @@ impl Amounts {
     pub fn iter(&self) -> impl ExactSizeIterator<Item = (&str, &Quantity)> {
         self.0.iter().map(|(n, q)| (&**n, q))
     }
-
-    /// How many capacities the share consumes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether it consumes none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The same amounts as a map.
-    pub fn to_map(&self) -> BTreeMap<String, Quantity> {
-        self.iter().map(|(n, q)| (n.to_owned(), *q)).collect()
-    }
 }
 
 impl std::ops::Index<&str> for Amounts {
@@ -55,12 +40,6 @@ impl From<BTreeMap<String, Quantity>> for Amounts {
     fn from(map: BTreeMap<String, Quantity>) -> Self {
         // A map's order is the names' order, and each name is there once.
         Self(map.into_iter().map(|(n, q)| (n.into_boxed_str(), q)).collect())
-    }
-}
-
-impl From<&BTreeMap<String, Quantity>> for Amounts {
-    fn from(map: &BTreeMap<String, Quantity>) -> Self {
-        Self(map.iter().map(|(n, q)| (Box::from(n.as_str()), *q)).collect())
     }
 }
 
@@ -104,15 +83,12 @@ mod tests {
             map(&[("z", "1"), ("a", "2"), ("m", "3"), ("b", "4"), ("y", "5")]),
         ];
         for m in maps {
-            let a = Amounts::from(&m);
-            assert_eq!(a.len(), m.len());
-            assert_eq!(a.is_empty(), m.is_empty());
-            assert_eq!(a.to_map(), m);
+            let a = Amounts::from(m.clone());
+            assert_eq!(a.iter().len(), m.len());
             assert_eq!(a.iter().map(|(n, q)| (n.to_owned(), *q)).collect::<Vec<_>>(), m.clone().into_iter().collect::<Vec<_>>());
             for name in ["a", "b", "cores", "memory", "shares", "m", "y", "z", "", "nope", "memoryx"] {
                 assert_eq!(a.get(name), m.get(name), "{name} in {m:?}");
             }
-            assert_eq!(Amounts::from(m.clone()), a);
             for (name, amount) in &m {
                 assert_eq!(a[name.as_str()], *amount);
             }
@@ -122,13 +98,13 @@ mod tests {
     #[test]
     fn its_json_is_the_maps() {
         let m = map(&[("shares", "1"), ("memory", "4Gi"), ("cores", "50")]);
-        let json = serde_json::to_string(&Amounts::from(&m)).unwrap();
+        let json = serde_json::to_string(&Amounts::from(m.clone())).unwrap();
         assert_eq!(json, serde_json::to_string(&m).unwrap());
-        assert_eq!(serde_json::from_str::<Amounts>(&json).unwrap(), Amounts::from(&m));
+        assert_eq!(serde_json::from_str::<Amounts>(&json).unwrap(), Amounts::from(m));
         // Keys in any order, and a repeated one, read as a map reads them.
         let messy = r#"{"memory":"1Gi","cores":"5","memory":"4Gi"}"#;
         let read: Amounts = serde_json::from_str(messy).unwrap();
-        assert_eq!(read.to_map(), serde_json::from_str::<BTreeMap<String, Quantity>>(messy).unwrap());
+        assert_eq!(read, Amounts::from(serde_json::from_str::<BTreeMap<String, Quantity>>(messy).unwrap()));
         for bad in [r#"["memory"]"#, r#"{"memory":"lots"}"#, r#"{"memory":1.5e400}"#, "null"] {
             assert!(serde_json::from_str::<Amounts>(bad).is_err(), "{bad}");
         }
@@ -143,6 +119,6 @@ mod tests {
     #[test]
     fn a_repeated_name_in_pairs_keeps_its_last_amount() {
         let a = Amounts::from([("memory", q("1Gi")), ("cores", q("5")), ("memory", q("4Gi"))]);
-        assert_eq!(a.to_map(), map(&[("cores", "5"), ("memory", "4Gi")]));
+        assert_eq!(a, Amounts::from(map(&[("cores", "5"), ("memory", "4Gi")])));
     }
 }
