@@ -66,8 +66,8 @@ fn claim_user(name: String, claims: Option<Vec<k8s_openapi::api::core::v1::Resou
 
 /// A pod read from the API as [`pod`] keeps it, parsed without the rest: the whole `Pod`'s
 /// parser takes about 130 KiB of stack (its spec's and volumes' visitors) on whichever thread
-/// reads it, and every runtime thread does in a burst, since `block_in_place` moves the
-/// runtime's work between them; it also allocates all that [`pod`] then drops.
+/// reads it, and that stack stays with the thread; it also allocates all that [`pod`] then
+/// drops.
 #[derive(Clone, Debug, Deserialize)]
 pub struct PodRead {
     #[serde(deserialize_with = "identity_only", default)]

@@ -11,11 +11,10 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use cdi_spec::Spec;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use vgpu_scheduling::Uid;
-
-use cdi_spec::Spec;
 
 use crate::plugin::claim::{ClaimDevice, ClaimRef};
 
@@ -63,6 +62,13 @@ struct RecordedRef<'a> {
     spec: &'a Spec,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     mig: &'a [crate::plugin::mig::MigHold],
+}
+
+impl<'a> RecordedRef<'a> {
+    fn of(claim: &'a Recorded) -> Self {
+        let Recorded { claim, devices, spec, mig } = claim;
+        Self { claim, devices, spec, mig }
+    }
 }
 
 impl Recorded {
@@ -391,13 +397,6 @@ impl StagedRecord {
     pub fn rename(self) -> Result<(), CheckpointError> {
         let Self { staged, path } = self;
         staged.rename().map_err(|source| CheckpointError::Io { path, source })
-    }
-}
-
-impl<'a> RecordedRef<'a> {
-    fn of(claim: &'a Recorded) -> Self {
-        let Recorded { claim, devices, spec, mig } = claim;
-        Self { claim, devices, spec, mig }
     }
 }
 
