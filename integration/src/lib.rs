@@ -22,7 +22,7 @@ pub use components::{Components, VolcanoComponents, components, kubernetes_minor
 pub use control_plane::{ControlPlane, FrozenApiServer, Kubectl, PlaneOptions, WEBHOOK_CLIENT_NAME, write_kubeconfig};
 pub use driver::{driver_binary, node_host_dir, plugin_dir, start_driver, start_driver_as};
 pub use kubelet_sim::{KubeletSim, KubeletSimOptions};
-pub use process::{ManagedProcess, free_port, http_get};
+pub use process::{Exited, ManagedProcess, free_port, http_get};
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +32,7 @@ pub fn patience() -> f64 {
 }
 
 /// Retries `check` every 100 ms until it returns `Some` or `timeout` (scaled by [`patience`]) passes.
+/// An error that holds [`Exited`] ends the wait at once: the process it names cannot come back.
 ///
 /// # Errors
 /// The last error `check` reported, with what was awaited.
@@ -42,6 +43,7 @@ pub fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> a
         match check() {
             Ok(Some(v)) => return Ok(v),
             Ok(None) => {}
+            Err(e) if e.chain().any(|cause| cause.is::<Exited>()) => return Err(e.context(format!("while waiting for {what}"))),
             Err(e) => last = Some(e),
         }
         if Instant::now() > deadline {
@@ -49,5 +51,41 @@ pub fn eventually<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> a
             anyhow::bail!("timed out after {timeout:?} waiting for {what}: {why}");
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn a_process_that_exited_ends_the_wait_at_once() {
+        let dir = std::env::temp_dir().join(format!("vgpu-dra-eventually-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Polled as running until it exits; from then on no retry may follow.
+        let mut gone = ManagedProcess::spawn("gone", Path::new("true"), &[], &dir).unwrap();
+        let start = Instant::now();
+        let err = eventually("nothing", Duration::from_secs(30), || {
+            gone.check_running()?;
+            Ok(None::<()>)
+        })
+        .unwrap_err();
+        assert!(start.elapsed() < Duration::from_secs(10), "waited {:?}", start.elapsed());
+        let text = format!("{err:#}");
+        assert!(text.contains("while waiting for nothing") && text.contains("gone exited with"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn other_errors_are_retried_until_the_check_holds() {
+        let mut tries = 0;
+        let got = eventually("the third try", Duration::from_secs(30), || {
+            tries += 1;
+            anyhow::ensure!(tries >= 3, "try {tries} failed");
+            Ok(Some(tries))
+        })
+        .unwrap();
+        assert_eq!(got, 3);
     }
 }

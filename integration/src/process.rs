@@ -2,10 +2,12 @@
 //! --pdeathsig`) by the kernel if the test process itself dies. Output goes to a log file that is
 //! printed when the test fails.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -54,12 +56,12 @@ impl ManagedProcess {
     /// Fails when the process has exited, quoting the end of its log.
     ///
     /// # Errors
-    /// When the process is no longer running.
+    /// [`Exited`] when the process is no longer running.
     pub fn check_running(&mut self) -> anyhow::Result<()> {
         if let Some(child) = &mut self.child
             && let Some(status) = child.try_wait()?
         {
-            anyhow::bail!("{} exited with {status}:\n{}", self.name, self.tail(40));
+            return Err(Exited { name: self.name.clone(), status, tail: self.tail(40) }.into());
         }
         Ok(())
     }
@@ -107,12 +109,45 @@ impl Drop for ManagedProcess {
     }
 }
 
-/// A loopback port that was free a moment ago.
+/// A managed process that has exited: a state no retry can leave, so [`crate::eventually`] gives
+/// up at once on an error that holds one rather than wait out its timeout.
+#[derive(Debug)]
+pub struct Exited {
+    name: String,
+    status: std::process::ExitStatus,
+    tail: String,
+}
+
+impl std::fmt::Display for Exited {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} exited with {}:\n{}", self.name, self.status, self.tail)
+    }
+}
+
+impl std::error::Error for Exited {}
+
+/// A loopback port that was free a moment ago and that this process has not handed out before.
+///
+/// The kernel may give a port it just released to the next `bind(0)`: two calls in a row once
+/// gave Kueue the same port for its health and its metrics servers, and the manager shut down
+/// half a second after it had answered as ready. Every port handed out is therefore remembered.
 ///
 /// # Errors
-/// When no port can be bound.
+/// When no port can be bound, or every one the kernel offers was handed out already.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+    // Held until a new port turns up, so that the kernel offers another each time.
+    let mut refused = Vec::new();
+    for _ in 0..64 {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+        refused.push(listener);
+    }
+    anyhow::bail!("the kernel offered only loopback ports this process had handed out already ({} tries)", refused.len())
 }
 
 /// A plain HTTP/1.1 GET on loopback `port`: the status line, headers and body.
@@ -127,4 +162,22 @@ pub fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
     let mut text = String::new();
     stream.read_to_string(&mut text)?;
     Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_port_is_handed_out_twice_even_by_callers_on_other_threads() {
+        let threads: Vec<_> =
+            (0..4).map(|_| std::thread::spawn(|| (0..100).map(|_| free_port().unwrap()).collect::<Vec<_>>())).collect();
+        let ports: Vec<u16> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+        // Each was free: a listener can bind it now.
+        for port in ports.iter().take(20) {
+            TcpListener::bind(("127.0.0.1", *port)).unwrap();
+        }
+    }
 }

@@ -151,18 +151,21 @@ fn kueue_admits_jobs_within_a_cpu_quota() {
     plane.create_node(NODE).unwrap();
     let mut kueue = Kueue::start(&plane, CPU_CONFIG).expect("kueue");
     let outcome = cpu_scenario(&plane, &mut kueue);
-    if let Err(e) = with_manager_log(&kueue, outcome) {
+    if let Err(e) = with_manager_log(&mut kueue, outcome) {
         panic!("{e:#}");
     }
 }
 
 /// Passes `outcome` on, printing Kueue's manager log first when it failed: the test bed prints
-/// its own components' logs, not those of what a test started.
-fn with_manager_log<T>(kueue: &Kueue, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
-    if outcome.is_err() {
-        eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
+/// its own components' logs, not those of what a test started. A failure that came from Kueue
+/// having exited (a webhook call refused, say) says so first.
+fn with_manager_log<T>(kueue: &mut Kueue, outcome: anyhow::Result<T>) -> anyhow::Result<T> {
+    let Err(e) = outcome else { return outcome };
+    eprintln!("----- kueue-manager log -----\n{}", std::fs::read_to_string(kueue.log()).unwrap_or_default());
+    match kueue.check_running() {
+        Err(exited) => Err(e.context(format!("{exited:#}"))),
+        Ok(()) => Err(e),
     }
-    outcome
 }
 
 /// The node of source document 003: one Tesla T4 of 15Gi (labelled as the GPU operator labels
@@ -418,7 +421,7 @@ fn seed_scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
     let mut webhook = start_vgpu_webhook(plane)?;
     let mut kueue = Kueue::start(plane, SEED_CONFIG)?;
     let outcome = seed_steps(plane, &mut kueue, &mut node.kubelet, &node.dirs);
-    with_manager_log(&kueue, outcome)?;
+    with_manager_log(&mut kueue, outcome)?;
     webhook.check_running()?;
     node.driver.check_running()
 }
@@ -621,7 +624,7 @@ fn dra_scenario(plane: &mut ControlPlane) -> anyhow::Result<()> {
 
     let mut kueue = Kueue::start_version(plane, DRA_CONFIG, KueueVersion::for_configuration(DRA_CONFIG))?;
     let outcome = dra_steps(plane, &mut kueue, &mut node.kubelet, &node.dirs);
-    with_manager_log(&kueue, outcome)?;
+    with_manager_log(&mut kueue, outcome)?;
     node.driver.check_running()
 }
 
