@@ -131,23 +131,72 @@ impl std::error::Error for Exited {}
 /// The kernel may give a port it just released to the next `bind(0)`: two calls in a row once
 /// gave Kueue the same port for its health and its metrics servers, and the manager shut down
 /// half a second after it had answered as ready. Every port handed out is therefore remembered.
+/// And `bind(0)` hands out ports from the ephemeral range, which the kernel also gives to
+/// outgoing connections (every kubectl's, the API server's to etcd): one of them could take the
+/// port before the component that was told it binds it. Ports are therefore chosen below that
+/// range where there is room.
 ///
 /// # Errors
-/// When no port can be bound, or every one the kernel offers was handed out already.
+/// When no port can be bound, or every one tried was handed out already.
 pub fn free_port() -> anyhow::Result<u16> {
-    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
-    // Held until a new port turns up, so that the kernel offers another each time.
-    let mut refused = Vec::new();
-    for _ in 0..64 {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let port = listener.local_addr()?.port();
-        if handed_out.insert(port) {
-            return Ok(port);
-        }
-        refused.push(listener);
+    static POOL: Mutex<Option<PortPool>> = Mutex::new(None);
+    let mut pool = POOL.lock().unwrap_or_else(PoisonError::into_inner);
+    pool.get_or_insert_with(PortPool::new).take()
+}
+
+/// The ports handed out, and where new ones are looked for.
+struct PortPool {
+    handed_out: BTreeSet<u16>,
+    /// Ports below the kernel's ephemeral range; empty where that range leaves no room.
+    below_ephemeral: std::ops::Range<u16>,
+    /// xorshift state: where in the range to try next.
+    seed: u64,
+}
+
+impl PortPool {
+    /// The lowest port looked at: below it are the well-known and registered services' ports.
+    const LOWEST: u16 = 10_000;
+
+    fn new() -> Self {
+        let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+            .unwrap_or(32_768);
+        let below_ephemeral = Self::LOWEST..ephemeral_start.max(Self::LOWEST);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        // Test binaries run one after another; each starts somewhere else in the range.
+        let seed = (nanos as u64 ^ u64::from(std::process::id()).rotate_left(32)) | 1;
+        Self { handed_out: BTreeSet::new(), below_ephemeral, seed }
     }
-    anyhow::bail!("the kernel offered only loopback ports this process had handed out already ({} tries)", refused.len())
+
+    fn take(&mut self) -> anyhow::Result<u16> {
+        let range = self.below_ephemeral.clone();
+        let width = u64::from(range.end - range.start);
+        if width >= 1_000 {
+            for _ in 0..256 {
+                self.seed ^= self.seed << 13;
+                self.seed ^= self.seed >> 7;
+                self.seed ^= self.seed << 17;
+                let port = range.start + u16::try_from(self.seed % width).expect("below the range's width");
+                if !self.handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                    self.handed_out.insert(port);
+                    return Ok(port);
+                }
+            }
+        }
+        // No room below the ephemeral range, or none of it free: what the kernel offers. Refused
+        // ones are held until a new port turns up, so that it offers another each time.
+        let mut refused = Vec::new();
+        for _ in 0..64 {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let port = listener.local_addr()?.port();
+            if self.handed_out.insert(port) {
+                return Ok(port);
+            }
+            refused.push(listener);
+        }
+        anyhow::bail!("the kernel offered only loopback ports this process had handed out already ({} tries)", refused.len())
+    }
 }
 
 /// A plain HTTP/1.1 GET on loopback `port`: the status line, headers and body.
@@ -179,5 +228,19 @@ mod tests {
         for port in ports.iter().take(20) {
             TcpListener::bind(("127.0.0.1", *port)).unwrap();
         }
+    }
+
+    #[test]
+    fn ports_come_from_below_the_range_outgoing_connections_take_theirs_from() {
+        let mut pool = PortPool::new();
+        if pool.below_ephemeral.len() < 1_000 {
+            eprintln!("this machine's ephemeral range leaves no room below it; nothing to check");
+            return;
+        }
+        let ports: Vec<u16> = (0..200).map(|_| pool.take().unwrap()).collect();
+        assert!(ports.iter().all(|p| pool.below_ephemeral.contains(p)), "{ports:?} not all in {:?}", pool.below_ephemeral);
+        // Spread over the range, not counted up from one end.
+        let (low, high) = (ports.iter().min().unwrap(), ports.iter().max().unwrap());
+        assert!(high - low > 1_000, "{low}..{high}");
     }
 }
