@@ -61,10 +61,9 @@ mod tests {
 
     #[test]
     fn a_process_that_exited_ends_the_wait_at_once() {
-        let dir = std::env::temp_dir().join(format!("vgpu-dra-eventually-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
         // Polled as running until it exits; from then on no retry may follow.
-        let mut gone = ManagedProcess::spawn("gone", Path::new("true"), &[], &dir).unwrap();
+        let mut gone = ManagedProcess::spawn("gone", Path::new("true"), &[], dir.path()).unwrap();
         let start = Instant::now();
         let err = eventually("nothing", Duration::from_secs(30), || {
             gone.check_running()?;
@@ -74,7 +73,6 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(10), "waited {:?}", start.elapsed());
         let text = format!("{err:#}");
         assert!(text.contains("while waiting for nothing") && text.contains("gone exited with"), "{text}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
