@@ -45,6 +45,13 @@ impl<T: Clone> Coalesced<T> {
         *last = Some((started, value.clone()));
         value
     }
+
+    /// Holds every computation off until the guard is dropped: for tests that need callers
+    /// parked at [`Coalesced::get`].
+    #[cfg(test)]
+    pub(crate) async fn hold(&self) -> tokio::sync::MutexGuard<'_, Option<(Instant, T)>> {
+        self.last.lock().await
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use cdi_spec::Spec;
 use vgpu_scheduling::{PublishedDevice, Uid};
 
-use super::{Inner, State, admit, unadmit};
+use super::{Admission, Inner, State, unadmit};
 use crate::mig::MigError;
 use crate::plugin::cdi::{add_mig_nodes, build_spec, is_admin};
 use crate::plugin::error::{PrepareError, chain};
@@ -44,12 +44,12 @@ impl State {
         env: &[(String, String)],
     ) -> Result<PreparedClaim, PrepareError> {
         let mig = self.mig()?;
-        let mut inner = self.inner.lock().await;
+        let (mut inner, admission) = self.admit_settled(&entry, published).await;
+        let (admitted, was_pending) = match admission? {
+            Admission::Prepared(existing) => return Ok(existing),
+            Admission::Admitted { keys, was_pending } => (keys, was_pending),
+        };
         let Inner { ledger, prepared, pending, .. } = &mut *inner;
-        if let Some(existing) = prepared.get(&entry.claim.uid) {
-            return Ok(existing.clone());
-        }
-        let (admitted, was_pending) = admit(ledger, pending, published, &entry)?;
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         entry.mig = targets.iter().map(|t| MigHold::new(t, live_instance(prepared, t))).collect();
         let made = match self.make_instances(mig, &mut entry, card_spec) {

@@ -12,7 +12,10 @@
 //! its spec; under the lock again the claim becomes prepared, or its shares are given back. A
 //! claim being committed is waited for by a second prepare or an unprepare of it and left alone
 //! by the sweeps. The spec is not fsynced: start-up rebuilds any spec a power loss took from its
-//! entry. Start-up and the periodic checks live in `recovery`.
+//! entry. An unprepare is the mirror image: the claim is marked committing under the lock, its
+//! entry removed and the directory's fsync shared with the others in flight, its spec and
+//! directory removed, and under the lock again its shares released. Start-up and the periodic
+//! checks live in `recovery`.
 //!
 //! The one exception is dynamic MIG (`mig_steps`): a claim on a device that stands for a MIG
 //! instance has its instance made (or destroyed, at its last unprepare) under the lock, so
@@ -125,7 +128,8 @@ pub struct State {
     status: Option<StatusWriter>,
     /// Woken whenever a claim leaves [`Inner::committing`].
     committed: tokio::sync::Notify,
-    /// The checkpoint directory's fsync, shared by the prepares in flight (group commit).
+    /// The checkpoint directory's fsync, shared by the prepares and unprepares in flight (group
+    /// commit).
     record_sync: Coalesced<Result<(), Arc<CheckpointError>>>,
     /// Counts the claims prepared and unprepared, for whoever acts after a burst of them.
     changes: tokio::sync::watch::Sender<u64>,
@@ -148,8 +152,9 @@ struct Inner {
     /// Prepared claims the API says are gone, since when.
     pub gone: BTreeMap<Uid, Instant>,
     pub overcommitted: Vec<(DeviceName, String)>,
-    /// Claims admitted whose files are being made visible, outside the lock: not prepared yet,
-    /// not to be prepared, unprepared or swept by anyone else until they leave.
+    /// Claims whose files are being made visible (a prepare, admitted) or removed (an
+    /// unprepare, still prepared) outside the lock: not to be prepared, unprepared, repaired or
+    /// swept by anyone else until they leave.
     pub committing: BTreeSet<Uid>,
 }
 
@@ -288,14 +293,50 @@ impl State {
         })
     }
 
-    /// The lock, once no prepare is committing claim `uid`: what a prepare or an unprepare of
-    /// it must see before acting on it.
+    /// The lock, once no prepare or unprepare is committing claim `uid`: what a prepare or an
+    /// unprepare of it must see before acting on it.
     async fn settled(&self, uid: &Uid) -> tokio::sync::MutexGuard<'_, Inner> {
         loop {
             let inner = self.inner.lock().await;
             if !inner.committing.contains(uid) {
                 return inner;
             }
+            // Registered before the lock is let go, so the wake-up cannot be missed.
+            let woken = self.committed.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            drop(inner);
+            woken.await;
+        }
+    }
+
+    /// The lock, once no prepare or unprepare is committing `entry`'s claim, with its shares
+    /// admitted against `published`, or the claim as prepared already. An admission refused
+    /// while unprepares are under way outside the lock waits for them and is tried again: their
+    /// shares go back only once their records are durably gone, and capacity being given back
+    /// is no reason to refuse a claim.
+    async fn admit_settled(
+        &self,
+        entry: &PreparedClaim,
+        published: &[PublishedDevice],
+    ) -> (tokio::sync::MutexGuard<'_, Inner>, Result<Admission, PrepareError>) {
+        loop {
+            let mut inner = self.settled(&entry.claim.uid).await;
+            if let Some(existing) = inner.prepared.get(&entry.claim.uid) {
+                let existing = existing.clone();
+                return (inner, Ok(Admission::Prepared(existing)));
+            }
+            let Inner { ledger, pending, .. } = &mut *inner;
+            let refused = match admit(ledger, pending, published, entry) {
+                Ok((keys, was_pending)) => return (inner, Ok(Admission::Admitted { keys, was_pending })),
+                Err(e) => e,
+            };
+            // Prepared claims being committed are being unprepared.
+            let leaving = inner.committing.iter().filter(|uid| inner.prepared.contains_key(*uid)).count();
+            if leaving == 0 {
+                return (inner, Err(refused));
+            }
+            tracing::debug!(claim = %entry.claim, leaving, refused = %refused.chain(), "admission waits for the unprepares in flight");
             // Registered before the lock is let go, so the wake-up cannot be missed.
             let woken = self.committed.notified();
             tokio::pin!(woken);
@@ -386,6 +427,19 @@ impl State {
     pub async fn prepared_count(&self) -> usize {
         self.inner.lock().await.prepared.len()
     }
+}
+
+/// What [`State::admit_settled`] found.
+enum Admission {
+    /// The claim was prepared already (a concurrent prepare of it got there first).
+    Prepared(PreparedClaim),
+    /// Its shares were admitted.
+    Admitted {
+        /// The keys admitted.
+        keys: Vec<vgpu_scheduling::ShareKey>,
+        /// The pending placeholder the claim had, to put back if a later step fails.
+        was_pending: Option<Pending>,
+    },
 }
 
 /// Admits every share of `entry` against `published`, or none: a refused share releases those

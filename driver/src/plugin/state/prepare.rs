@@ -6,7 +6,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use vgpu_scheduling::{ObjectName, PublishedDevice};
 
 use super::staging::StagedClaim;
-use super::{Inner, PreparedDevice, State, Storage, admit, unadmit};
+use super::{Admission, Inner, PreparedDevice, State, Storage, unadmit};
 use crate::plugin::cdi::{build_spec, cdi_device_names, is_admin};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use crate::plugin::containers::{Consumer, top_level_requests, uses_of};
@@ -114,33 +114,32 @@ impl State {
         published: &[PublishedDevice],
     ) -> Result<PreparedClaim, PrepareError> {
         let claim = entry.claim.clone();
-        let (admitted, was_pending) = {
-            let mut inner = self.settled(&claim.uid).await;
-            let Inner { ledger, prepared, pending, committing, .. } = &mut *inner;
-            if let Some(existing) = prepared.get(&claim.uid) {
+        let (mut inner, admission) = self.admit_settled(&entry, published).await;
+        let (admitted, was_pending) = match admission {
+            Ok(Admission::Admitted { keys, was_pending }) => {
+                inner.committing.insert(claim.uid.clone());
+                drop(inner);
+                (keys, was_pending)
+            }
+            Ok(Admission::Prepared(existing)) => {
                 // A concurrent prepare of the same claim got here first.
-                let existing = existing.clone();
-                blocking(|| drop(staged));
+                drop(inner);
+                off_runtime(move || drop(staged)).await;
                 return Ok(existing);
             }
-            let admitted = match admit(ledger, pending, published, &entry) {
-                Ok(admitted) => admitted,
-                Err(e) => {
-                    blocking(|| drop(staged));
-                    return Err(e);
-                }
-            };
-            committing.insert(claim.uid.clone());
-            admitted
+            Err(e) => {
+                drop(inner);
+                off_runtime(move || drop(staged)).await;
+                return Err(e);
+            }
         };
         fail_point(self.fail_at, FailPoint::PrepareAdmitted);
         // A monitoring claim (admin access) has no HAMi-core, so no directory to discard either.
         let host_dirs = self.options.host_dirs && !is_admin(&entry.devices);
         let written = self.make_visible(&entry, staged, host_dirs).await;
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, pending, committing, .. } = &mut *inner;
-        committing.remove(&claim.uid);
-        self.committed.notify_waiters();
+        self.settle(&claim.uid, &mut inner);
+        let Inner { ledger, prepared, pending, .. } = &mut *inner;
         if let Err(e) = written {
             let keep_dir = was_pending.is_some();
             unadmit(ledger, pending, published, &admitted, was_pending);
@@ -197,10 +196,10 @@ impl State {
         .await
     }
 
-    /// Makes every record renamed so far durable: one fsync of the checkpoint directory started
-    /// after the caller arrived, shared by every caller waiting for it (group commit), on a
-    /// blocking thread that finishes even if its caller is dropped.
-    async fn sync_records(&self) -> Result<(), PrepareError> {
+    /// Makes every record renamed or removed so far durable: one fsync of the checkpoint
+    /// directory started after the caller arrived, shared by every caller waiting for it (group
+    /// commit), on a blocking thread that finishes even if its caller is dropped.
+    pub(super) async fn sync_records(&self) -> Result<(), PrepareError> {
         let checkpoint = self.storage.checkpoint.clone();
         let synced = self
             .record_sync
@@ -267,7 +266,8 @@ impl State {
     /// The entry of an already prepared claim, with its spec restored when missing, unreadable
     /// or changed on disk.
     async fn prepared_entry(&self, claim: &ClaimRef) -> Result<Option<PreparedClaim>, PrepareError> {
-        let inner = self.inner.lock().await;
+        // An unprepare of it may be under way without the lock: its outcome is what counts.
+        let inner = self.settled(&claim.uid).await;
         let Some(entry) = inner.prepared.get(&claim.uid) else { return Ok(None) };
         if let Some(was) = self.storage.restore_spec(entry, self.options.host_dirs)? {
             tracing::info!(claim = %claim, %was, "rewrote CDI spec of prepared claim (the CDI directory is tmpfs on most hosts)");

@@ -290,7 +290,8 @@ impl State {
     /// disk, and makes sure its directory is there; a failure is logged and retried later.
     pub(super) async fn repair_specs(&self) {
         let inner = self.inner.lock().await;
-        for entry in inner.prepared.values() {
+        // A claim being unprepared has its files removed outside the lock: none to repair.
+        for entry in inner.prepared.values().filter(|e| !inner.committing.contains(&e.claim.uid)) {
             match self.storage.restore_spec(entry, self.options.host_dirs) {
                 Ok(None) => {}
                 Ok(Some(was)) => tracing::info!(claim = %entry.claim, %was, "rewrote CDI spec of prepared claim"),

@@ -13,18 +13,58 @@ use crate::plugin::storage::{blocking, off_runtime};
 impl State {
     /// Unprepares one claim; unknown claims succeed.
     ///
-    /// Its file work runs on blocking threads ([`off_runtime`]), with the lock held. It must not
-    /// be dropped midway, which would leave the ledger holding the claim's shares: the kubelet's
-    /// calls run on a task of their own, and the periodic release stops only with the driver,
-    /// which leaves the disk as a crash there would (the record gone first, then the spec, then
-    /// the directory), for the next start to finish.
+    /// A prepared claim is marked committing under the lock, so that a prepare or an unprepare
+    /// of it waits and no sweep or repair touches its files; then, without the lock, its record
+    /// is removed and made durably gone by a fsync of the checkpoint directory shared with the
+    /// prepares and unprepares in flight (group commit), its spec removed and its directory
+    /// moved to the trash; under the lock again it leaves the ledger. Its shares are held until
+    /// its record is durably gone. A claim holding MIG instances is unprepared wholly under the
+    /// lock, so that the card and the records move together.
+    ///
+    /// Its file work runs on blocking threads ([`off_runtime`]). It must not be dropped midway,
+    /// which would leave the claim marked committing: the kubelet's calls run on a task of their
+    /// own, and the periodic release stops only with the driver, which leaves the disk as a crash
+    /// there would (the record gone first, then the spec, then the directory), for the next start
+    /// to finish.
     ///
     /// # Errors
     /// When the checkpoint or spec cannot be written (the kubelet retries).
     pub async fn unprepare(&self, uid: &Uid) -> Result<(), PrepareError> {
         let mut inner = self.settled(uid).await;
+        if !inner.prepared.get(uid).is_some_and(|entry| entry.mig.is_empty()) {
+            return self.unprepare_locked(uid, inner).await;
+        }
+        inner.committing.insert(uid.clone());
+        drop(inner);
+        if let Err(e) = self.forget_record(uid).await {
+            // Still prepared: the kubelet retries.
+            self.settle(uid, &mut *self.inner.lock().await);
+            return Err(e);
+        }
+        fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
+        let removed = self.remove_files(uid).await;
+        let mut inner = self.inner.lock().await;
         let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
-        let Storage { checkpoint, specs, .. } = &self.storage;
+        if let Some(entry) = prepared.remove(uid) {
+            ledger.release_claim(uid);
+            self.tell_unprepared(&entry.claim);
+        }
+        if pending.remove(uid).is_some() {
+            ledger.release_claim(uid);
+        }
+        gone.remove(uid);
+        self.claims.forget(uid);
+        self.settle(uid, &mut inner);
+        drop(inner);
+        self.changed();
+        removed
+    }
+
+    /// [`State::unprepare`] with the lock held throughout: claims holding MIG instances, and
+    /// claims not prepared (whose spec and directory may still be there after a failed try).
+    async fn unprepare_locked(&self, uid: &Uid, mut inner: tokio::sync::MutexGuard<'_, Inner>) -> Result<(), PrepareError> {
+        let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
+        let Storage { checkpoint, .. } = &self.storage;
         self.release_instances(uid, prepared)?;
         if let Some(entry) = prepared.remove(uid) {
             let (checkpoint, owned) = (checkpoint.clone(), uid.clone());
@@ -41,11 +81,30 @@ impl State {
         }
         gone.remove(uid);
         self.claims.forget(uid);
-        let (specs, owned) = (specs.clone(), uid.clone());
+        // Under the lock: a prepare of the same claim right after makes its directory anew.
+        let removed = self.remove_files(uid).await;
+        drop(inner);
+        self.changed();
+        removed
+    }
+
+    /// Removes claim `uid`'s record and waits for a fsync of the checkpoint directory that
+    /// started after the removal (shared, see [`State::sync_records`]).
+    async fn forget_record(&self, uid: &Uid) -> Result<(), PrepareError> {
+        let (checkpoint, owned) = (self.storage.checkpoint.clone(), uid.clone());
+        off_runtime(move || checkpoint.remove(&owned)).await?;
+        // Also when it was gone already: a try before may have removed it and failed to sync.
+        self.sync_records().await
+    }
+
+    /// Removes claim `uid`'s spec, then moves its directory to the trash (a spec that cannot be
+    /// removed leaves the directory to the periodic sweep). With the lock held or the claim
+    /// marked committing: a prepare of the same claim after it makes its directory anew.
+    async fn remove_files(&self, uid: &Uid) -> Result<(), PrepareError> {
+        let (specs, owned) = (self.storage.specs.clone(), uid.clone());
         if off_runtime(move || specs.remove(owned.as_str())).await? {
             fail_point(self.fail_at, FailPoint::UnprepareSpecRemoved);
         }
-        // Under the lock: a prepare of the same claim right after makes its directory anew.
         let (trash, dir) = (self.trash(), self.claim_dir_path(uid));
         let (dir, moved) = off_runtime(move || {
             let moved = trash.discard(&dir);
@@ -53,9 +112,13 @@ impl State {
         })
         .await;
         self.discarded(uid, &dir, moved);
-        drop(inner);
-        self.changed();
         Ok(())
+    }
+
+    /// Ends claim `uid`'s commit ([`Inner::committing`]) and wakes whoever waits for it.
+    pub(super) fn settle(&self, uid: &Uid, inner: &mut Inner) {
+        inner.committing.remove(uid);
+        self.committed.notify_waiters();
     }
 
     /// Moves the directory of claim `uid` into the trash (one rename, whatever a container left

@@ -362,6 +362,20 @@ impl Checkpoint {
         crate::fsutil::sync_dir(&self.dir).map_err(|source| CheckpointError::Io { path: self.dir.clone(), source })
     }
 
+    /// Removes `uid`'s record, without the directory fsync that makes the removal durable
+    /// ([`Checkpoint::sync`], which one fsync can do for many records); whether there was one.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`] when the file cannot be removed.
+    pub fn remove(&self, uid: &Uid) -> Result<bool, CheckpointError> {
+        let path = self.record_path(uid);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(source) => Err(CheckpointError::Io { path, source }),
+        }
+    }
+
     /// Removes `uid`'s record durably; a missing one is fine.
     ///
     /// # Errors
@@ -483,6 +497,22 @@ mod tests {
         cp.forget(&Uid::new(A).unwrap()).unwrap();
         cp.forget(&Uid::new(A).unwrap()).unwrap();
         assert_eq!(cp.load().unwrap().claims.keys().map(Uid::as_str).collect::<Vec<_>>(), [B]);
+    }
+
+    #[test]
+    fn a_removal_says_whether_there_was_a_record_and_is_durable_after_a_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::new(dir.path().join("checkpoint"));
+        record(&cp, A);
+        record(&cp, B);
+        assert!(cp.remove(&Uid::new(A).unwrap()).unwrap());
+        assert!(!cp.remove(&Uid::new(A).unwrap()).unwrap(), "gone already");
+        cp.sync().unwrap();
+        assert_eq!(cp.load().unwrap().claims.keys().map(Uid::as_str).collect::<Vec<_>>(), [B]);
+        // Something that is not a file under a record's name is an error, not "no record".
+        fs::create_dir(cp.dir().join(format!("{A}.json"))).unwrap();
+        let err = cp.remove(&Uid::new(A).unwrap()).unwrap_err();
+        assert!(err.to_string().contains(A), "{err}");
     }
 
     #[test]

@@ -73,6 +73,111 @@ async fn prepares_and_unprepares_in_flight_end_as_last_asked() {
     assert_eq!(again.prepared_count().await, kept.len());
 }
 
+/// An unprepare makes its record's removal durable without the lock, with the fsync that the
+/// others in flight share: with that fsync held off, every unprepare in flight has removed its
+/// record and waits, the state still answers (counting them prepared, their specs still there),
+/// and a prepare of one of those claims waits for its unprepare to finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unprepares_in_flight_share_the_fsync_and_leave_the_lock_free() {
+    const N: u32 = 8;
+    let node = Node::new();
+    let state = Arc::new(node.state(small_claims(N), vec![]).await);
+    for i in 1..=N {
+        state.prepare(&cref(&format!("c{i}"), i)).await.unwrap();
+    }
+    let record = |i: u32| node.checkpoint_dir().join(format!("{}.json", uid(i)));
+    let held = state.record_sync.hold().await;
+    let unprepares: Vec<_> = (1..=N)
+        .map(|i| {
+            let state = state.clone();
+            tokio::spawn(async move { state.unprepare(&Uid::new(uid(i)).unwrap()).await })
+        })
+        .collect();
+    let removed = async {
+        while (1..=N).any(|i| record(i).exists()) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), removed).await.expect("every unprepare removes its record before the fsync");
+    let snapshot = tokio::time::timeout(Duration::from_secs(5), state.snapshot()).await.expect("the lock is free meanwhile");
+    assert_eq!(snapshot.prepared, N as usize, "prepared until the removal is durable");
+    for i in 1..=N {
+        assert!(
+            node.specs().read(&uid(i)).unwrap().is_some(),
+            "the spec of claim {i} goes only after its record is durably gone"
+        );
+    }
+    // The periodic check runs meanwhile and leaves the claims being unprepared alone: claim 2's
+    // spec and directory, lost as a tmpfs loses them, are not made again.
+    std::fs::remove_file(node.specs().file_for(&uid(2)).unwrap()).unwrap();
+    std::fs::remove_dir_all(node.cdi().claims_root.join(uid(2))).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), state.check_once()).await.expect("the lock is free meanwhile");
+    assert!(!node.cdi().claims_root.join(uid(2)).exists(), "no repair of a claim being unprepared");
+    let again = {
+        let state = state.clone();
+        tokio::spawn(async move { state.prepare(&cref("c1", 1)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(unprepares.iter().all(|u| !u.is_finished()), "no unprepare answers before the fsync");
+    assert!(!again.is_finished(), "a prepare of a claim being unprepared waits for it");
+    drop(held);
+    for u in unprepares {
+        u.await.unwrap().unwrap();
+    }
+    again.await.unwrap().unwrap();
+    assert_eq!(state.each_prepared(|p| Some(p.claim.uid.to_string())).await, vec![uid(1)]);
+    assert!(record(1).exists() && node.specs().read(&uid(1)).unwrap().is_some() && node.cdi().claims_root.join(uid(1)).exists());
+    for i in 2..=N {
+        assert!(!record(i).exists(), "record of claim {i}");
+        assert!(node.specs().read(&uid(i)).unwrap().is_none(), "spec of claim {i}");
+        assert!(!node.cdi().claims_root.join(uid(i)).exists(), "directory of claim {i}");
+    }
+    let usage = state.snapshot().await.usage;
+    let used: Vec<String> = usage.values().map(|u| u["memory"].to_string()).filter(|m| m != "0").collect();
+    assert_eq!(used, ["256Mi"], "only claim 1's share is held: {usage:?}");
+    drop(state);
+    assert_eq!(node.state(small_claims(N), vec![]).await.prepared_count().await, 1, "a restart reads the same");
+}
+
+/// A claim that fits only once an unprepare in flight gives its shares back waits for it
+/// instead of being refused; one that does not fit even then is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_waits_for_the_capacity_an_unprepare_in_flight_gives_back() {
+    let node = Node::new();
+    // A 15Gi card: 12Gi and 8Gi do not fit together, 8Gi and 8Gi do not either.
+    let big = claim("big", 1, &[&share("hami-gpu-0", "gpu", 1, "12Gi", 0)], None);
+    let next = claim("next", 2, &[&share("hami-gpu-0", "gpu", 2, "8Gi", 0)], None);
+    let third = claim("third", 3, &[&share("hami-gpu-0", "gpu", 3, "8Gi", 0)], None);
+    let state = Arc::new(node.state(vec![big, next, third], vec![]).await);
+    state.prepare(&cref("big", 1)).await.unwrap();
+    let held = state.record_sync.hold().await;
+    let unprepare = {
+        let state = state.clone();
+        tokio::spawn(async move { state.unprepare(&Uid::new(uid(1)).unwrap()).await })
+    };
+    let record = node.checkpoint_dir().join(format!("{}.json", uid(1)));
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while record.exists() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the unprepare removes its record");
+    let prepare = {
+        let state = state.clone();
+        tokio::spawn(async move { state.prepare(&cref("next", 2)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!prepare.is_finished(), "neither refused nor admitted while the big claim's record may come back");
+    drop(held);
+    unprepare.await.unwrap().unwrap();
+    prepare.await.unwrap().expect("admitted once the big claim is gone");
+    // Nothing in flight: a claim that does not fit is refused at once.
+    let refused = tokio::time::timeout(Duration::from_secs(5), state.prepare(&cref("third", 3))).await.expect("not waiting");
+    assert!(refused.is_err(), "8Gi beside 8Gi on a 15Gi card");
+    assert_eq!(state.each_prepared(|p| Some(p.claim.uid.to_string())).await, vec![uid(2)]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pod_read_at_prepare_names_the_claims_consumer_without_another_read() {
     let node = Node::new();
