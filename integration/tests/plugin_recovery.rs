@@ -115,23 +115,8 @@ fn sigkill_at_random_moments_of_200_calls_converges_to_what_the_kubelet_last_ask
         .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     eprintln!("VGPU_DRA_SEED={seed}");
     let mut dice = Dice(seed);
-    let plane = ControlPlane::start().expect("control plane");
-    plane.create_node(NODE).unwrap();
-    let kubectl = plane.kubectl().clone();
-    kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap(); // the DeviceClass
-    let dirs = Dirs::new(plane.dir());
-    std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
     // Ten claims of 10 cores and one share each: together exactly what the card has.
-    let (claims, statuses) = overcommitted_claims(10, &claim_holder(&kubectl, "default"));
-    kubectl.run_with_input(&["create", "-f", "-"], Some(&claims)).unwrap();
-    kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&statuses)).unwrap();
-    let uids: Vec<(String, String)> = (0..10)
-        .map(|i| {
-            let name = format!("o{i}");
-            let uid = kubectl.run(&["get", "resourceclaim", &name, "-o", "jsonpath={.metadata.uid}"]).unwrap();
-            (name, uid)
-        })
-        .collect();
+    let (plane, dirs, uids) = hand_allocated_on_one_card(10);
     let mut kills: Vec<u64> = Vec::new();
     while kills.len() < 5 {
         let at = dice.below(CALLS);
@@ -217,6 +202,28 @@ fn all_ok(reply: &Value, claims: &[(&str, &str, &str)]) -> bool {
     claims.iter().all(|(_, _, uid)| ok(reply, uid))
 }
 
+/// A control plane with `n` claims `o0`... allocated by hand to the one card of [`NODE`], 10 cores
+/// and one share each, and the directories of a driver there; the claims' names and UIDs.
+fn hand_allocated_on_one_card(n: u32) -> (ControlPlane, Dirs, Vec<(String, String)>) {
+    let plane = ControlPlane::start().expect("control plane");
+    plane.create_node(NODE).unwrap();
+    let kubectl = plane.kubectl().clone();
+    kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap(); // the DeviceClass
+    let dirs = Dirs::new(plane.dir());
+    std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
+    let (claims, statuses) = overcommitted_claims(n, &claim_holder(&kubectl, "default"));
+    kubectl.run_with_input(&["create", "-f", "-"], Some(&claims)).unwrap();
+    kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&statuses)).unwrap();
+    let uids = (0..n)
+        .map(|i| {
+            let name = format!("o{i}");
+            let uid = kubectl.run(&["get", "resourceclaim", &name, "-o", "jsonpath={.metadata.uid}"]).unwrap();
+            (name, uid)
+        })
+        .collect();
+    (plane, dirs, uids)
+}
+
 /// Claims with hand-written allocations (as a buggy or racing scheduler might write them) that
 /// together ask 10x what the card has.
 fn overcommitted_claims(n: u32, holder: &str) -> (String, String) {
@@ -232,22 +239,7 @@ fn overcommitted_claims(n: u32, holder: &str) -> (String, String) {
 
 #[test]
 fn a_hundred_concurrent_prepares_never_overcommit_a_card() {
-    let plane = ControlPlane::start().expect("control plane");
-    plane.create_node(NODE).unwrap();
-    let kubectl = plane.kubectl().clone();
-    kubectl.apply(&claim_with("unused", "1Gi", "1")).unwrap(); // the DeviceClass
-    let dirs = Dirs::new(plane.dir());
-    std::fs::create_dir_all(dirs.kubelet.join("plugins_registry")).unwrap();
-    let (claims, statuses) = overcommitted_claims(100, &claim_holder(&kubectl, "default"));
-    kubectl.run_with_input(&["create", "-f", "-"], Some(&claims)).unwrap();
-    kubectl.run_with_input(&["replace", "--subresource=status", "-f", "-"], Some(&statuses)).unwrap();
-    let uids: Vec<(String, String)> = (0..100)
-        .map(|i| {
-            let name = format!("o{i}");
-            let uid = kubectl.run(&["get", "resourceclaim", &name, "-o", "jsonpath={.metadata.uid}"]).unwrap();
-            (name, uid)
-        })
-        .collect();
+    let (plane, dirs, uids) = hand_allocated_on_one_card(100);
     let _drv = driver(&plane, &dirs, "driver");
     let mut k = kubelet(&dirs);
     let batch: Vec<(&str, &str, &str)> = uids.iter().map(|(n, u)| ("default", n.as_str(), u.as_str())).collect();

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use cdi_spec::Spec;
 use vgpu_scheduling::{PublishedDevice, Uid};
 
-use super::{Admission, Inner, State, unadmit};
+use super::admission::{Admission, unadmit};
+use super::{Inner, State};
 use crate::mig::MigError;
 use crate::plugin::cdi::{add_mig_nodes, build_spec, is_admin};
 use crate::plugin::error::{PrepareError, chain};

@@ -21,6 +21,7 @@
 //! instance has its instance made (or destroyed, at its last unprepare) under the lock, so
 //! that the card and the records move together; only such claims drive the card.
 
+mod admission;
 mod mig_steps;
 mod prepare;
 mod recovery;
@@ -233,9 +234,6 @@ impl ClaimDir {
     }
 }
 
-/// The request name of a pending claim's placeholder share in the ledger.
-const PENDING_REQUEST: &str = "(pending adoption)";
-
 impl State {
     /// Makes the process abort at `point` (tests of crash recovery).
     #[must_use]
@@ -301,42 +299,6 @@ impl State {
             if !inner.committing.contains(uid) {
                 return inner;
             }
-            // Registered before the lock is let go, so the wake-up cannot be missed.
-            let woken = self.committed.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            drop(inner);
-            woken.await;
-        }
-    }
-
-    /// The lock, once no prepare or unprepare is committing `entry`'s claim, with its shares
-    /// admitted against `published`, or the claim as prepared already. An admission refused
-    /// while unprepares are under way outside the lock waits for them and is tried again: their
-    /// shares go back only once their records are durably gone, and capacity being given back
-    /// is no reason to refuse a claim.
-    async fn admit_settled(
-        &self,
-        entry: &PreparedClaim,
-        published: &[PublishedDevice],
-    ) -> (tokio::sync::MutexGuard<'_, Inner>, Result<Admission, PrepareError>) {
-        loop {
-            let mut inner = self.settled(&entry.claim.uid).await;
-            if let Some(existing) = inner.prepared.get(&entry.claim.uid) {
-                let existing = existing.clone();
-                return (inner, Ok(Admission::Prepared(existing)));
-            }
-            let Inner { ledger, pending, .. } = &mut *inner;
-            let refused = match admit(ledger, pending, published, entry) {
-                Ok((keys, was_pending)) => return (inner, Ok(Admission::Admitted { keys, was_pending })),
-                Err(e) => e,
-            };
-            // Prepared claims being committed are being unprepared.
-            let leaving = inner.committing.iter().filter(|uid| inner.prepared.contains_key(*uid)).count();
-            if leaving == 0 {
-                return (inner, Err(refused));
-            }
-            tracing::debug!(claim = %entry.claim, leaving, refused = %refused.chain(), "admission waits for the unprepares in flight");
             // Registered before the lock is let go, so the wake-up cannot be missed.
             let woken = self.committed.notified();
             tokio::pin!(woken);
@@ -427,93 +389,6 @@ impl State {
     pub async fn prepared_count(&self) -> usize {
         self.inner.lock().await.prepared.len()
     }
-}
-
-/// What [`State::admit_settled`] found.
-enum Admission {
-    /// The claim was prepared already (a concurrent prepare of it got there first).
-    Prepared(PreparedClaim),
-    /// Its shares were admitted.
-    Admitted {
-        /// The keys admitted.
-        keys: Vec<vgpu_scheduling::ShareKey>,
-        /// The pending placeholder the claim had, to put back if a later step fails.
-        was_pending: Option<Pending>,
-    },
-}
-
-/// Admits every share of `entry` against `published`, or none: a refused share releases those
-/// admitted before it and puts a pending placeholder back. The keys admitted, and the pending
-/// placeholder the claim had (to put back if a later step fails).
-fn admit(
-    ledger: &mut Ledger,
-    pending: &mut BTreeMap<Uid, Pending>,
-    published: &[PublishedDevice],
-    entry: &PreparedClaim,
-) -> Result<(Vec<vgpu_scheduling::ShareKey>, Option<Pending>), PrepareError> {
-    let uid = &entry.claim.uid;
-    ledger.set_capacity(capacities(published));
-    // A claim held whole since start-up is being prepared with its real shares now.
-    let was_pending = pending.remove(uid);
-    if was_pending.is_some() {
-        ledger.release_claim(uid);
-    }
-    let mut admitted = Vec::new();
-    for d in &entry.devices {
-        if let Err(e) = ledger.admit(d.key(uid), d.consumption.clone()) {
-            unadmit(ledger, pending, published, &admitted, was_pending);
-            return Err(e.into());
-        }
-        admitted.push(d.key(uid));
-    }
-    Ok((admitted, was_pending))
-}
-
-/// Undoes [`admit`] after a later step failed.
-fn unadmit(
-    ledger: &mut Ledger,
-    pending: &mut BTreeMap<Uid, Pending>,
-    published: &[PublishedDevice],
-    admitted: &[vgpu_scheduling::ShareKey],
-    was_pending: Option<Pending>,
-) {
-    for key in admitted {
-        ledger.release(key);
-    }
-    restore_pending(ledger, pending, published, was_pending);
-}
-
-/// Puts a pending claim's placeholder back after a failed prepare.
-fn restore_pending(
-    ledger: &mut Ledger,
-    pending: &mut BTreeMap<Uid, Pending>,
-    published: &[PublishedDevice],
-    was: Option<Pending>,
-) {
-    if let Some(p) = was {
-        hold_whole(ledger, &p, published);
-        pending.insert(p.claim.uid.clone(), p);
-    }
-}
-
-/// Holds every card a pending claim names, whole: until the API tells what the claim takes, no
-/// new share may be admitted beside it.
-fn hold_whole(ledger: &mut Ledger, pending: &Pending, published: &[PublishedDevice]) {
-    for device in &pending.devices {
-        if let Some(card) = published.iter().find(|p| &p.name == device) {
-            let key = vgpu_scheduling::ShareKey {
-                claim: pending.claim.uid.clone(),
-                request: PENDING_REQUEST.into(),
-                device: device.clone(),
-                share: None,
-            };
-            let _ = ledger.restore(key, card.capacity_values());
-        }
-    }
-}
-
-fn capacities(published: &[PublishedDevice]) -> BTreeMap<DeviceName, vgpu_scheduling::Consumption> {
-    published.iter().map(|d| (d.name.clone(), d.capacity_values())).collect()
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@ use cdi_spec::{Kind, QualifiedDeviceId};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use vgpu_scheduling::{ObjectName, PublishedDevice};
 
+use super::admission::{Admission, unadmit};
 use super::staging::StagedClaim;
-use super::{Admission, Inner, PreparedDevice, State, Storage, unadmit};
+use super::{Inner, PreparedDevice, State, Storage};
 use crate::plugin::cdi::{build_spec, cdi_device_names, is_admin};
 use crate::plugin::claim::{ClaimDevice, ClaimError, ClaimRef, claim_env, consumer, devices_of};
 use crate::plugin::containers::{Consumer, top_level_requests, uses_of};

@@ -18,7 +18,8 @@ use cdi_spec::Durability;
 use tokio_util::sync::CancellationToken;
 use vgpu_scheduling::{DeviceName, Ledger, PublishedDevice, SharingConfig, Uid};
 
-use super::{Inner, Pending, State, StateOptions, Storage, capacities, hold_whole};
+use super::admission::{capacities, hold_whole};
+use super::{Inner, Pending, State, StateOptions, Storage};
 use crate::discovery::DeviceSource;
 use crate::plugin::api::ClaimSource;
 use crate::plugin::cdi::ANNOTATION_CLAIM;
