@@ -45,10 +45,13 @@ fn a_tiny_run_reports_every_figure() {
     assert_eq!(latency.len(), 6, "{report:#}");
     assert_eq!(latency[5]["prepare"]["calls"], 5);
     assert_eq!(latency[5]["mode"], "concurrent(3)");
-    // vgpu-dra counts its fsyncs: a prepare writes its CDI spec and checkpoint record durably.
+    // vgpu-dra counts its fsyncs: a prepare fsyncs its own checkpoint record, and an unprepare
+    // alone fsyncs the directory its record left; unprepares in flight may share that fsync.
     for run in latency {
         let (prepare, unprepare) = (run["prepare_fsyncs_per_claim"].as_f64(), run["unprepare_fsyncs_per_claim"].as_f64());
-        assert!(prepare.is_some_and(|f| f >= 1.0) && unprepare.is_some_and(|f| f >= 1.0), "{run:#}");
+        let alone = run["mode"] == "sequential";
+        assert!(prepare.is_some_and(|f| f >= 1.0), "{run:#}");
+        assert!(unprepare.is_some_and(|f| if alone { f >= 1.0 } else { f > 0.0 }), "{run:#}");
     }
     assert!(single["start_to_first_slice_ms"].as_f64().unwrap() > 0.0);
     assert!(single["idle"]["rss_mib"].as_f64().unwrap() > 1.0);
