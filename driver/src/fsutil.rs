@@ -139,9 +139,18 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// # Errors
 /// The I/O error of the removal or the fsync.
 pub fn remove_durably(path: &Path) -> io::Result<()> {
+    if remove_if_present(path)? { sync(&File::open(path.parent().unwrap_or(Path::new("/")))?) } else { Ok(()) }
+}
+
+/// Removes `path` without making the removal durable (for a caller that shares one
+/// [`sync_dir`] among several); whether it was there.
+///
+/// # Errors
+/// The I/O error of the removal, other than the file missing.
+pub fn remove_if_present(path: &Path) -> io::Result<bool> {
     match std::fs::remove_file(path) {
-        Ok(()) => sync(&File::open(path.parent().unwrap_or(Path::new("/")))?),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
 }

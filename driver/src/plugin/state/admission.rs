@@ -41,12 +41,7 @@ impl State {
                 return (inner, Err(refused));
             }
             tracing::debug!(claim = %entry.claim, leaving, refused = %refused.chain(), "admission waits for the unprepares in flight");
-            // Registered before the lock is let go, so the wake-up cannot be missed.
-            let woken = self.committed.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            drop(inner);
-            woken.await;
+            self.until_a_commit_ends(inner).await;
         }
     }
 }

@@ -299,13 +299,18 @@ impl State {
             if !inner.committing.contains(uid) {
                 return inner;
             }
-            // Registered before the lock is let go, so the wake-up cannot be missed.
-            let woken = self.committed.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            drop(inner);
-            woken.await;
+            self.until_a_commit_ends(inner).await;
         }
+    }
+
+    /// Lets the lock go and waits until a claim leaves [`Inner::committing`].
+    async fn until_a_commit_ends(&self, inner: tokio::sync::MutexGuard<'_, Inner>) {
+        // Registered before the lock is let go, so the wake-up cannot be missed.
+        let woken = self.committed.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        drop(inner);
+        woken.await;
     }
 
     /// Told of every claim prepared or unprepared from now on (a count).

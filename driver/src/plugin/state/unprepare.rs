@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use vgpu_scheduling::Uid;
 
-use super::{Inner, State, Storage};
+use super::{Inner, State};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::storage::trash::{DEFAULT_BUDGET, Trash};
@@ -44,16 +44,7 @@ impl State {
         fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
         let removed = self.remove_files(uid).await;
         let mut inner = self.inner.lock().await;
-        let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
-        if let Some(entry) = prepared.remove(uid) {
-            ledger.release_claim(uid);
-            self.tell_unprepared(&entry.claim);
-        }
-        if pending.remove(uid).is_some() {
-            ledger.release_claim(uid);
-        }
-        gone.remove(uid);
-        self.claims.forget(uid);
+        self.leave(uid, &mut inner);
         self.settle(uid, &mut inner);
         drop(inner);
         self.changed();
@@ -63,29 +54,33 @@ impl State {
     /// [`State::unprepare`] with the lock held throughout: claims holding MIG instances, and
     /// claims not prepared (whose spec and directory may still be there after a failed try).
     async fn unprepare_locked(&self, uid: &Uid, mut inner: tokio::sync::MutexGuard<'_, Inner>) -> Result<(), PrepareError> {
-        let Inner { ledger, prepared, pending, gone, .. } = &mut *inner;
-        let Storage { checkpoint, .. } = &self.storage;
-        self.release_instances(uid, prepared)?;
+        self.release_instances(uid, &inner.prepared)?;
+        if inner.prepared.contains_key(uid) {
+            // On failure it stays prepared: the kubelet retries.
+            self.forget_record(uid).await?;
+            fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
+        }
+        self.leave(uid, &mut inner);
+        // Under the lock: a prepare of the same claim right after makes its directory anew.
+        let removed = self.remove_files(uid).await;
+        drop(inner);
+        self.changed();
+        removed
+    }
+
+    /// Takes claim `uid` out of the state once its record is durably gone: its shares (or its
+    /// pending placeholder) released, its status told, what was read of it dropped.
+    fn leave(&self, uid: &Uid, inner: &mut Inner) {
+        let Inner { ledger, prepared, pending, gone, .. } = inner;
         if let Some(entry) = prepared.remove(uid) {
-            let (checkpoint, owned) = (checkpoint.clone(), uid.clone());
-            if let Err(e) = off_runtime(move || checkpoint.forget(&owned)).await {
-                prepared.insert(uid.clone(), entry);
-                return Err(e.into());
-            }
             ledger.release_claim(uid);
             self.tell_unprepared(&entry.claim);
-            fail_point(self.fail_at, FailPoint::UnprepareCheckpointed);
         }
         if pending.remove(uid).is_some() {
             ledger.release_claim(uid);
         }
         gone.remove(uid);
         self.claims.forget(uid);
-        // Under the lock: a prepare of the same claim right after makes its directory anew.
-        let removed = self.remove_files(uid).await;
-        drop(inner);
-        self.changed();
-        removed
     }
 
     /// Removes claim `uid`'s record and waits for a fsync of the checkpoint directory that

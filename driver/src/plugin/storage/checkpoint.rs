@@ -369,11 +369,7 @@ impl Checkpoint {
     /// [`CheckpointError::Io`] when the file cannot be removed.
     pub fn remove(&self, uid: &Uid) -> Result<bool, CheckpointError> {
         let path = self.record_path(uid);
-        match fs::remove_file(&path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(CheckpointError::Io { path, source }),
-        }
+        crate::fsutil::remove_if_present(&path).map_err(|source| CheckpointError::Io { path, source })
     }
 
     /// Removes `uid`'s record durably; a missing one is fine.
