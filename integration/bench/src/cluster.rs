@@ -19,6 +19,8 @@ use crate::client::ClaimId;
 pub const NAMESPACE: &str = "bench";
 /// The DeviceClass the benchmark's claims name.
 pub const CLASS: &str = "bench-device";
+/// The label naming the set a claim and its pod were made in (their names' prefix).
+const SET_LABEL: &str = "bench.vgpu-dra.io/set";
 const SERVICE_ACCOUNT: &str = "plugin";
 
 /// The identity plugins run as, so the audit log can tell their requests from everyone else's.
@@ -89,9 +91,10 @@ pub fn create_claims(plane: &ControlPlane, prefix: &str, count: usize, requests:
             }
             [
                 serde_json::json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-                    "metadata": {"name": name, "namespace": NAMESPACE},
+                    "metadata": {"name": name, "namespace": NAMESPACE, "labels": {SET_LABEL: prefix}},
                     "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}}}),
-                serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": pod_spec}),
+                serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": NAMESPACE, "labels": {SET_LABEL: prefix}}, "spec": pod_spec}),
             ]
         })
         .collect();
@@ -112,16 +115,12 @@ pub async fn wait_allocated(
     let started = Instant::now();
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let set = ListParams::default().labels(&format!("{SET_LABEL}={prefix}"));
     loop {
-        let bound: HashMap<String, String> = pods
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?)))
-            .collect();
+        let bound: HashMap<String, String> =
+            pods.list(&set).await?.items.into_iter().filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?))).collect();
         let mut ready: Vec<(usize, ClaimId)> = claims
-            .list(&ListParams::default())
+            .list(&set)
             .await?
             .items
             .into_iter()
@@ -142,6 +141,22 @@ pub async fn wait_allocated(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Deletes the claims made with `prefix` and their pods. The pods go at once: no kubelet here
+/// would end them gracefully.
+pub async fn delete_claims(client: &Client, prefix: &str) -> anyhow::Result<()> {
+    let set = ListParams::default().labels(&format!("{SET_LABEL}={prefix}"));
+    let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+    Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .delete_collection(&now, &set)
+        .await
+        .with_context(|| format!("deleting the pods of set {prefix}"))?;
+    Api::<ResourceClaim>::namespaced(client.clone(), NAMESPACE)
+        .delete_collection(&DeleteParams::default(), &set)
+        .await
+        .with_context(|| format!("deleting the claims of set {prefix}"))?;
+    Ok(())
 }
 
 /// The ResourceSlices of `driver` on `node`.

@@ -8,10 +8,11 @@
 mod apiserver;
 mod client;
 mod cluster;
-mod fsyncs;
+mod counters;
 mod monitor;
 mod procfs;
 mod report;
+mod single;
 mod stats;
 mod target;
 mod webhook;
@@ -24,9 +25,8 @@ use clap::Parser;
 use futures::{StreamExt, stream};
 use vgpu_dra_integration::{ControlPlane, PlaneOptions};
 
-use client::{ClaimId, Plugin};
-use fsyncs::FsyncMeter;
-use report::{LatencyRun, Machine, Report, Scale, Single};
+use client::Plugin;
+use report::{Machine, Report, Scale};
 use stats::Summary;
 use target::{Running, Target};
 
@@ -72,6 +72,15 @@ struct Args {
     /// once sequentially).
     #[arg(long, value_delimiter = ',', default_value = "4,16,64")]
     in_flight: Vec<usize>,
+    /// Give each latency run claims made for it just before it, and deleted after it, instead
+    /// of the first claims of one set that every run prepares and unprepares again. A plugin
+    /// that reads a pod's claims when the pod is bound here (vgpu-dra's pod watch) then takes
+    /// them from memory in every run, as it does for a kubelet, which prepares a claim once per
+    /// pod; with one set, the runs after the first read the API for claims whose unprepare
+    /// dropped what was read ahead. Costs the scheduler's time for each run's claims (about a
+    /// minute per 1,000).
+    #[arg(long)]
+    fresh_claims: bool,
     /// Steady-state window for counting API requests, in seconds.
     #[arg(long, default_value_t = 30)]
     steady_seconds: u64,
@@ -152,7 +161,7 @@ impl Args {
                 format!(
                     "env MALLOC_ARENA_MAX=1 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 {} {} kubelet-plugin --node-name={{node}} --kubeconfig={{kubeconfig}} --kubelet-dir={{dir}}/kubelet \
 --cdi-dir={{dir}}/cdi --hami-core-dir={{dir}}/vgpu --lock-dir={{dir}}/vgpulock --metrics-address=127.0.0.1:0 \
---driver-name={{driver}} --mock-gpus='8xNVIDIA H200:141Gi' --device-split-count=128 {}",
+--driver-name={{driver}} --mock-gpus='8xNVIDIA H200:141Gi' --device-split-count=512 {}",
                     self.driver_wrapper,
                     bin.display(),
                     self.driver_args
@@ -189,7 +198,7 @@ fn main() -> anyhow::Result<()> {
     };
     if !args.skip_single {
         eprintln!("bench: single node");
-        report.single = Some(runtime.block_on(single(&args, &target))?);
+        report.single = Some(runtime.block_on(single::single(&args, &target))?);
     }
     if args.nodes > 0 {
         eprintln!("bench: {} nodes", args.nodes);
@@ -222,155 +231,6 @@ fn audited_plane() -> anyhow::Result<ControlPlane> {
 
 fn pid_of(running: &Running) -> anyhow::Result<u32> {
     running.process.pid().context("plugin not running")
-}
-
-async fn single(args: &Args, target: &Target) -> anyhow::Result<Single> {
-    let plane = audited_plane()?;
-    let node = "bench-node-0";
-    plane.create_node(node)?;
-    cluster::allow_pods(&plane, node, args.claims + 10)?;
-    let identity = cluster::prepare(&plane, &target.driver)?;
-    let client = cluster::client(&plane).await?;
-    let audit_log = plane.audit_log().context("no audit log")?;
-
-    let mut running = target.start(&plane, &identity.kubeconfig, node)?;
-    let first = cluster::time_until(args.slice_timeout(), || async {
-        Ok(cluster::slice_count(&client, &target.driver, node).await? > 0)
-    })
-    .await
-    .with_context(|| {
-        format!(
-            "driver {} on node {node}: no ResourceSlice within {} s of start (--wipe-timeout-seconds); \
-its output ends:\n{}",
-            target.driver,
-            args.wipe_timeout_seconds,
-            running.process.tail(20)
-        )
-    })?;
-    let plugin = Plugin::connect(&running.socket, Duration::from_secs(30)).await?;
-    let pid = pid_of(&running)?;
-
-    // Idle: settled after start, then the steady window for CPU and API requests.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let idle = procfs::sample(pid).with_context(|| {
-        format!("driver {} on node {node} stopped; its output ends:\n{}", target.driver, running.process.tail(20))
-    })?;
-    let window = cluster::AuditWindow::start(&audit_log)?;
-    let steady = Duration::from_secs(args.steady_seconds);
-    tokio::time::sleep(steady).await;
-    let after_idle = procfs::sample(pid)?;
-    if let Some(prefix) = &args.smaps {
-        procfs::save_smaps(pid, &prefix.with_extension("idle.smaps"))?;
-    }
-    let steady_requests = window.requests_of(&identity.user)?;
-
-    cluster::create_claims(&plane, "c", args.claims, &args.claim_requests, Some(node))?;
-    let (claims, allocate) = cluster::wait_allocated(&client, "c", args.claims, Duration::from_secs(300)).await?;
-
-    let meter = FsyncMeter::from_log(running.process.log());
-    let mut latency = Vec::new();
-    for &n in args.sizes.iter().filter(|n| **n <= claims.len()) {
-        let set = &claims[..n];
-        latency.push(latency_run(&plugin, &meter, set, None).await?);
-        for &in_flight in &args.in_flight {
-            latency.push(latency_run(&plugin, &meter, set, Some(in_flight)).await?);
-        }
-    }
-
-    // Every claim prepared: memory once settled (as for idle: the daemon gives a burst's freed
-    // pages back after a quiet second), then the slices wiped the way a kubelet does.
-    run(&plugin, &claims, args.concurrency, true).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let with_prepared = procfs::sample(pid)?;
-    if let Some(prefix) = &args.smaps {
-        procfs::save_smaps(pid, &prefix.with_extension("prepared.smaps"))?;
-    }
-    let count = cluster::slice_count(&client, &target.driver, node).await?;
-    let mut wipe_recovery_ms = Vec::new();
-    let mut wipe_not_recovered = None;
-    for wipe in 1..=args.wipes {
-        cluster::wipe(&client, &target.driver, node).await?;
-        let back = cluster::time_until(args.slice_timeout(), || async {
-            Ok(cluster::slice_count(&client, &target.driver, node).await? >= count)
-        })
-        .await;
-        match back {
-            Ok(took) => wipe_recovery_ms.push(took.as_secs_f64() * 1e3),
-            Err(_) => {
-                // Reported, not fatal: the latency and memory figures are still good. Later
-                // wipes would time a plugin that has not recovered from this one, so stop.
-                let now = cluster::slice_count(&client, &target.driver, node).await.unwrap_or(0);
-                let message = format!(
-                    "driver {} on node {node}: {now} of {count} slices back {} s after wipe {wipe} of {} \
-(--wipe-timeout-seconds); no further wipes",
-                    target.driver, args.wipe_timeout_seconds, args.wipes
-                );
-                eprintln!("bench: {message}");
-                wipe_not_recovered = Some(message);
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    run(&plugin, &claims, args.concurrency, false).await?;
-    running.process.check_running()?;
-    Ok(Single {
-        start_to_first_slice_ms: first.as_secs_f64() * 1e3,
-        idle,
-        idle_cpu_share: procfs::cpu_share(idle, after_idle, steady),
-        steady_requests_per_minute: steady_requests.total as f64 * 60.0 / steady.as_secs_f64(),
-        steady_requests,
-        steady_seconds: steady.as_secs_f64(),
-        allocate_seconds: allocate.as_secs_f64(),
-        latency,
-        with_prepared,
-        prepared_claims: claims.len(),
-        wipe_recovery_ms,
-        wipe_timeout_seconds: args.wipe_timeout_seconds,
-        wipe_not_recovered,
-    })
-}
-
-/// Prepares, then unprepares, every claim of `set`: one at a time, or `in_flight` calls at a
-/// time; with the fsyncs each claim cost, where the plugin counts them.
-async fn latency_run(
-    plugin: &Plugin,
-    meter: &FsyncMeter,
-    set: &[ClaimId],
-    in_flight: Option<usize>,
-) -> anyhow::Result<LatencyRun> {
-    let calls = in_flight.unwrap_or(1);
-    let start = meter.count().await;
-    let prepare = run(plugin, set, calls, true).await?;
-    let prepared = meter.count().await;
-    let unprepare = run(plugin, set, calls, false).await?;
-    let end = meter.count().await;
-    Ok(LatencyRun {
-        claims: set.len(),
-        mode: in_flight.map_or_else(|| "sequential".to_owned(), |c| format!("concurrent({c})")),
-        prepare,
-        unprepare,
-        prepare_fsyncs_per_claim: fsyncs::per_claim(start, prepared, set.len()),
-        unprepare_fsyncs_per_claim: fsyncs::per_claim(prepared, end, set.len()),
-    })
-}
-
-/// Prepares (or unprepares) every claim of `set`, one per call, `concurrency` calls at a time.
-async fn run(plugin: &Plugin, set: &[ClaimId], concurrency: usize, prepare: bool) -> anyhow::Result<Summary> {
-    let started = Instant::now();
-    let latencies: Vec<anyhow::Result<Duration>> = stream::iter(set.iter().cloned())
-        .map(|c| {
-            let plugin = plugin.clone();
-            async move {
-                let one = [c];
-                if prepare { plugin.prepare(&one).await } else { plugin.unprepare(&one).await }
-            }
-        })
-        .buffer_unordered(concurrency.max(1))
-        .collect()
-        .await;
-    let wall = started.elapsed();
-    Ok(Summary::of(latencies.into_iter().collect::<anyhow::Result<_>>()?, wall))
 }
 
 async fn scale(args: &Args, target: &Target) -> anyhow::Result<Scale> {

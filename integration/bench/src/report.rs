@@ -114,6 +114,10 @@ pub struct LatencyRun {
     pub prepare_fsyncs_per_claim: Option<f64>,
     /// fsyncs per claim unprepared, likewise.
     pub unprepare_fsyncs_per_claim: Option<f64>,
+    /// The share of the prepares that took their claim from what the plugin read ahead
+    /// (vgpu-dra's pod watch, `vgpu_dra_claim_prefetch_total{result="used"}`); `None` where the
+    /// plugin does not count it or its pod watch is off.
+    pub prepares_read_ahead: Option<f64>,
 }
 
 /// The single-node figures.
@@ -135,6 +139,9 @@ pub struct Single {
     pub allocate_seconds: f64,
     /// Latency by size and mode.
     pub latency: Vec<LatencyRun>,
+    /// Whether each latency run had claims made for it (`--fresh-claims`) rather than the
+    /// first claims of one set.
+    pub fresh_claims: bool,
     /// Resources with every claim prepared.
     pub with_prepared: Usage,
     /// How many claims were prepared for that sample.
@@ -276,13 +283,19 @@ impl Report {
                 out.push_str(&format!("  NOT BACK                    {failed}\n"));
             }
             out.push_str(&format!("  scheduler allocated claims  {:>9.1} s\n\n", s.allocate_seconds));
+            out.push_str(if s.fresh_claims {
+                "  latency runs: each over claims made for it (--fresh-claims)\n"
+            } else {
+                "  latency runs: each over the first claims of one set\n"
+            });
             out.push_str(
-                "  claims  mode            prepare p50/p90/p99 ms     /s  fsync/claim   unprepare p50/p90/p99 ms     /s  fsync/claim\n",
+                "  claims  mode            prepare p50/p90/p99 ms     /s  fsync/claim  read ahead   unprepare p50/p90/p99 ms     /s  fsync/claim\n",
             );
             let fsyncs = |f: Option<f64>| f.map_or_else(|| "-".to_owned(), |f| format!("{f:.2}"));
+            let share = |f: Option<f64>| f.map_or_else(|| "-".to_owned(), |f| format!("{:.0}%", f * 100.0));
             for r in &s.latency {
                 out.push_str(&format!(
-                    "  {:>6}  {:<14} {:>6.2} {:>6.2} {:>6.2} {:>7.0} {:>12}   {:>6.2} {:>6.2} {:>6.2} {:>7.0} {:>12}\n",
+                    "  {:>6}  {:<14} {:>6.2} {:>6.2} {:>6.2} {:>7.0} {:>12} {:>11}   {:>6.2} {:>6.2} {:>6.2} {:>7.0} {:>12}\n",
                     r.claims,
                     r.mode,
                     r.prepare.p50_ms,
@@ -290,6 +303,7 @@ impl Report {
                     r.prepare.p99_ms,
                     r.prepare.per_second,
                     fsyncs(r.prepare_fsyncs_per_claim),
+                    share(r.prepares_read_ahead),
                     r.unprepare.p50_ms,
                     r.unprepare.p90_ms,
                     r.unprepare.p99_ms,

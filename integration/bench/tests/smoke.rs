@@ -52,7 +52,10 @@ fn a_tiny_run_reports_every_figure() {
         let alone = run["mode"] == "sequential";
         assert!(prepare.is_some_and(|f| f >= 1.0), "{run:#}");
         assert!(unprepare.is_some_and(|f| if alone { f >= 1.0 } else { f > 0.0 }), "{run:#}");
+        // The pod watch is off by default: nothing is read ahead, so there is no share to tell.
+        assert!(run["prepares_read_ahead"].is_null(), "{run:#}");
     }
+    assert_eq!(single["fresh_claims"], false);
     assert!(single["start_to_first_slice_ms"].as_f64().unwrap() > 0.0);
     assert!(single["idle"]["rss_mib"].as_f64().unwrap() > 1.0);
     assert_eq!(single["wipe_recovery_ms"].as_array().unwrap().len(), 1);
@@ -70,4 +73,39 @@ fn a_tiny_run_reports_every_figure() {
     assert!(webhook["rss_mib"].as_f64().unwrap() > 1.0);
     assert!(report["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(table.contains("goals"), "{table}");
+}
+
+/// `--fresh-claims`: every run gets claims of its own, allocated just before it, and with the
+/// pod watch on the driver takes them read ahead. The node's pod limit leaves room for two
+/// runs' pods beside the memory sample's (22 here, against 25 pods made in all), so the six
+/// runs are allocated only if each run's pods are deleted after it.
+#[test]
+fn fresh_claims_are_made_for_each_run_and_read_ahead() {
+    let driver = vgpu_dra_integration::driver_binary().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("results.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["--claims", "4", "--sizes", "3,4", "--in-flight", "2,3", "--steady-seconds", "1", "--wipes", "1"])
+        .args(["--nodes", "0", "--webhook-pods", "0", "--monitor-claims", "0", "--fresh-claims"])
+        .arg("--driver-args=--pod-watch=true")
+        .arg(format!("--vgpu-dra={}", driver.display()))
+        .arg(format!("--out={}", out.display()))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "bench failed:\n{table}\n{}", String::from_utf8_lossy(&run.stderr));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let single = &report["single"];
+    assert_eq!(single["fresh_claims"], true);
+    let latency = single["latency"].as_array().unwrap();
+    assert_eq!(latency.len(), 6, "{report:#}");
+    let shares: Vec<f64> = latency.iter().map(|r| r["prepares_read_ahead"].as_f64().unwrap()).collect();
+    assert!(shares.iter().all(|s| (0.0..=1.0).contains(s)), "{shares:?}");
+    // A pod's claim is read when the pod is bound, seconds before its run: most are taken
+    // from memory (a claim whose read was still under way when the bench began goes to the
+    // API, so not every one need be).
+    assert!(shares.iter().sum::<f64>() / shares.len() as f64 > 0.5, "{shares:?}\n{table}");
+    assert_eq!(single["prepared_claims"], 4);
+    assert!(table.contains("each over claims made for it"), "{table}");
 }
