@@ -9,36 +9,8 @@ use serde_json::Value;
 
 #[test]
 fn a_tiny_run_reports_every_figure() {
-    let driver = vgpu_dra_integration::driver_binary().unwrap();
-    let out_dir = tempfile::tempdir().unwrap();
-    let out = out_dir.path().join("results.json");
-    let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .args([
-            "--claims",
-            "6",
-            "--sizes",
-            "1,5",
-            "--concurrency",
-            "2",
-            "--in-flight",
-            "2,3",
-            "--steady-seconds",
-            "1",
-            "--wipes",
-            "1",
-            "--nodes",
-            "2",
-            "--webhook-pods",
-            "6",
-        ])
-        .arg(format!("--vgpu-dra={}", driver.display()))
-        .arg(format!("--out={}", out.display()))
-        .output()
-        .unwrap();
-    let table = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "bench failed:\n{table}\n{}", String::from_utf8_lossy(&run.stderr));
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let (report, table) =
+        bench(&["--claims", "6", "--sizes", "1,5", "--concurrency", "2", "--nodes", "2", "--webhook-pods", "6"]);
     let single = &report["single"];
     // Per size: sequential, then 2 and 3 in flight.
     let latency = single["latency"].as_array().unwrap();
@@ -81,21 +53,20 @@ fn a_tiny_run_reports_every_figure() {
 /// runs are allocated only if each run's pods are deleted after it.
 #[test]
 fn fresh_claims_are_made_for_each_run_and_read_ahead() {
-    let driver = vgpu_dra_integration::driver_binary().unwrap();
-    let out_dir = tempfile::tempdir().unwrap();
-    let out = out_dir.path().join("results.json");
-    let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
-        .args(["--claims", "4", "--sizes", "3,4", "--in-flight", "2,3", "--steady-seconds", "1", "--wipes", "1"])
-        .args(["--nodes", "0", "--webhook-pods", "0", "--monitor-claims", "0", "--fresh-claims"])
-        .arg("--driver-args=--pod-watch=true")
-        .arg(format!("--vgpu-dra={}", driver.display()))
-        .arg(format!("--out={}", out.display()))
-        .output()
-        .unwrap();
-    let table = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "bench failed:\n{table}\n{}", String::from_utf8_lossy(&run.stderr));
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let (report, table) = bench(&[
+        "--claims",
+        "4",
+        "--sizes",
+        "3,4",
+        "--nodes",
+        "0",
+        "--webhook-pods",
+        "0",
+        "--monitor-claims",
+        "0",
+        "--fresh-claims",
+        "--driver-args=--pod-watch=true",
+    ]);
     let single = &report["single"];
     assert_eq!(single["fresh_claims"], true);
     let latency = single["latency"].as_array().unwrap();
@@ -108,4 +79,23 @@ fn fresh_claims_are_made_for_each_run_and_read_ahead() {
     assert!(shares.iter().sum::<f64>() / shares.len() as f64 > 0.5, "{shares:?}\n{table}");
     assert_eq!(single["prepared_claims"], 4);
     assert!(table.contains("each over claims made for it"), "{table}");
+}
+
+/// Runs the bench with `args` against the debug driver, with 2 and 3 calls in flight, a second
+/// of steady state and one wipe; its JSON report and its table.
+fn bench(args: &[&str]) -> (Value, String) {
+    let driver = vgpu_dra_integration::driver_binary().unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = out_dir.path().join("results.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_vgpu-dra-bench"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args(["--in-flight", "2,3", "--steady-seconds", "1", "--wipes", "1"])
+        .args(args)
+        .arg(format!("--vgpu-dra={}", driver.display()))
+        .arg(format!("--out={}", out.display()))
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(run.status.success(), "bench failed:\n{table}\n{}", String::from_utf8_lossy(&run.stderr));
+    (serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap(), table)
 }
