@@ -83,7 +83,7 @@ profile watch --driver-args=--pod-watch=true
 
 # Only the daemon's own functions: libc's are not ours to place. What runs with the defaults
 # first, then what only the pod watch adds: placed among the others, the watch's functions
-# spread the defaults' hot text over more pages (1.3 MiB more file-backed RSS with the watch
+# spread the defaults' hot text over more pages (about 1 MiB more file-backed RSS with the watch
 # off, 1,000 claims prepared).
 text_symbols >"$work/ours"
 comm -12 "$work/ours" "$work/defaults.ran" >"$order.tmp"
