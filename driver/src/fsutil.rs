@@ -139,7 +139,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// # Errors
 /// The I/O error of the removal or the fsync.
 pub fn remove_durably(path: &Path) -> io::Result<()> {
-    if remove_if_present(path)? { sync(&File::open(path.parent().unwrap_or(Path::new("/")))?) } else { Ok(()) }
+    if remove_if_present(path)? { sync_dir(path.parent().unwrap_or(Path::new("/"))) } else { Ok(()) }
 }
 
 /// Removes `path` without making the removal durable (for a caller that shares one
