@@ -115,7 +115,7 @@ pub async fn wait_allocated(
     let started = Instant::now();
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    let set = ListParams::default().labels(&format!("{SET_LABEL}={prefix}"));
+    let set = set_of(prefix);
     loop {
         let bound: HashMap<String, String> =
             pods.list(&set).await?.items.into_iter().filter_map(|p| Some((p.metadata.name?, p.spec?.node_name?))).collect();
@@ -143,10 +143,15 @@ pub async fn wait_allocated(
     }
 }
 
+/// Selects the claims made with `prefix`, and their pods.
+fn set_of(prefix: &str) -> ListParams {
+    ListParams::default().labels(&format!("{SET_LABEL}={prefix}"))
+}
+
 /// Deletes the claims made with `prefix` and their pods. The pods go at once: no kubelet here
 /// would end them gracefully.
 pub async fn delete_claims(client: &Client, prefix: &str) -> anyhow::Result<()> {
-    let set = ListParams::default().labels(&format!("{SET_LABEL}={prefix}"));
+    let set = set_of(prefix);
     let now = DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
     Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .delete_collection(&now, &set)
