@@ -8,8 +8,9 @@
 //!
 //! - One watch of the pods with `spec.nodeName=<this node>`: the API server sends each node only
 //!   its own pods' events (its pod watch cache is indexed by node name, the kubelet's own watch
-//!   relies on it), so a node's traffic follows its own pods. Only pods that name claims are kept,
-//!   and of them only what the container check reads (names, UIDs, which claims each container
+//!   relies on it), so a node's traffic follows its own pods. Only pending pods that name claims
+//!   are kept (a pod that starts has had every claim prepared), and of them only what the
+//!   container check reads (names, UIDs, which claims each container
 //!   uses): pods cannot change their containers or claims once created.
 //! - Each claim of a pending pod is read once, from the API server's watch cache; it is kept only
 //!   when it is allocated to this node and reserved for that pod, else read again from etcd, and

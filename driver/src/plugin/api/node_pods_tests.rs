@@ -63,17 +63,53 @@ const WAIT: Duration = Duration::from_millis(100);
 #[test]
 fn a_pending_pod_has_each_of_its_claims_read_once() {
     let pods = store();
-    let p = pod("p1", "Pending", &[("a", Some("direct")), ("b", None), ("c", Some("direct"))]);
+    let p = pending_p1();
     let mut reads = pods.apply(watcher::Event::Apply(p.clone()));
     reads.sort_by(|x, y| x.name.cmp(&y.name));
     assert_eq!(reads, vec![read("direct", "p1"), read("p1-b", "p1")], "by name, through the status, once each");
     assert!(pods.apply(watcher::Event::Apply(p)).is_empty(), "an update of the pod reads nothing again");
-    // A pod already running was prepared before: kept for the check, its claims not read.
-    assert!(pods.apply(watcher::Event::Apply(pod("p2", "Running", &[("a", Some("other"))]))).is_empty());
-    assert_eq!(pods.len().0, 2);
-    // Pods without claims are not kept at all.
-    assert!(pods.apply(watcher::Event::Apply(pod("p3", "Pending", &[]))).is_empty());
-    assert_eq!(pods.len().0, 2);
+    assert_eq!(pods.len().0, 1);
+    // Pods past pending had every claim prepared before they started, and pods without claims
+    // have none to prepare: neither is kept, nor has a claim read.
+    let others = [
+        pod("p2", "Running", &[("a", Some("other"))]),
+        pod("p3", "Pending", &[]),
+        pod("p4", "Unknown", &[("a", Some("other"))]),
+        pod("p5", "Succeeded", &[("a", Some("other"))]),
+    ];
+    for other in &others {
+        assert!(pods.apply(watcher::Event::Apply(other.clone())).is_empty(), "{other:?}");
+        assert_eq!(pods.len().0, 1, "{other:?}");
+    }
+    // Nor when a relist finds them.
+    pods.apply(watcher::Event::Init);
+    assert!(pods.apply(watcher::Event::InitApply(pending_p1())).is_empty());
+    for other in others {
+        assert!(pods.apply(watcher::Event::InitApply(other)).is_empty());
+    }
+    pods.apply(watcher::Event::InitDone);
+    assert_eq!(pods.len().0, 1);
+}
+
+fn pending_p1() -> Pod {
+    pod("p1", "Pending", &[("a", Some("direct")), ("b", None), ("c", Some("direct"))])
+}
+
+#[tokio::test]
+async fn a_pod_that_starts_is_forgotten_with_what_was_read_ahead_for_it() {
+    let pods = store();
+    let (ns, name) = (Namespace::new("ns").unwrap(), ObjectName::new("pod-p1").unwrap());
+    let claims = [("a", Some("c1")), ("b", Some("c2"))];
+    pods.apply(watcher::Event::Apply(pod("p1", "Pending", &claims)));
+    pods.offer(&read("c1", "p1"), Some(claim("c1", "u1", NODE, "p1")));
+    pods.offer(&read("c2", "p1"), Some(claim("c2", "u2", NODE, "p1")));
+    // c2 was prepared from the API (say its read ahead came late): its read ahead stays behind.
+    pods.prepared(&wanted("c1", "u1"));
+    assert_eq!(pods.len(), (1, 1));
+    assert!(pods.apply(watcher::Event::Apply(pod("p1", "Running", &claims))).is_empty());
+    assert_eq!(pods.len(), (0, 0), "neither the pod nor its claim read ahead is kept once it runs");
+    assert!(pods.pod(&ns, &name, "p1").is_none());
+    assert!(pods.take(&wanted("c2", "u2"), WAIT).await.is_none(), "a late prepare reads the API");
 }
 
 #[test]
@@ -144,11 +180,10 @@ async fn what_was_read_ahead_goes_once_the_pods_claims_are_prepared() {
     pods.prepared(&wanted("c2", "u2"));
     assert_eq!(pods.len(), (1, 0), "the pod stays known as bound here");
     assert!(pods.pod(&ns, &name, "p1").is_none(), "its JSON is gone");
-    // An update of the pod (it starts) keeps none either, and reads nothing again.
+    // An update of the pod while it is pending keeps none either, and reads nothing again.
     assert!(pods.apply(watcher::Event::Apply(p)).is_empty());
     assert!(pods.pod(&ns, &name, "p1").is_none());
-    assert!(pods.apply(watcher::Event::Apply(pod("p1", "Running", &[("a", Some("c1")), ("b", Some("c2"))]))).is_empty());
-    assert!(pods.pod(&ns, &name, "p1").is_none());
+    assert_eq!(pods.len(), (1, 0));
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
-//! What the watch of this node's pods has found, and its bookkeeping: the pods bound here that
-//! name claims, and the claims read ahead for them. Pure: no I/O; [`super::node_pods`] feeds it
+//! What the watch of this node's pods has found, and its bookkeeping: the pending pods bound
+//! here that name claims, and the claims read ahead for them. Pure: no I/O; [`super::node_pods`] feeds it
 //! from the watch and the reads, and hands out what it holds.
 
 use std::collections::HashMap;
@@ -12,7 +12,7 @@ use super::slim;
 /// What the watch and the reads ahead have found.
 #[derive(Default)]
 pub(super) struct Store {
-    /// Pods by UID, as [`slim::pod`] keeps them, with the claims already asked for.
+    /// Pending pods by UID, as [`slim::pod`] keeps them, with the claims already asked for.
     pub(super) pods: HashMap<String, PodEntry>,
     /// While the watch relists: the pods listed so far, which replace `pods` when it is done.
     pub(super) relisting: Option<HashMap<String, PodEntry>>,
@@ -25,9 +25,9 @@ pub(super) struct Store {
 
 /// A pod as kept (as JSON: a parsed `Pod` takes several kilobytes even when nearly empty, and a
 /// node may hold many pending pods), and the claims of it read ahead (by name), so an update
-/// reads none twice. Its JSON is kept only while a prepare may still need it: the pod is pending
-/// and not every claim read ahead for it has been prepared; afterwards the entry only says that
-/// the pod is bound here.
+/// reads none twice. Its JSON is kept only while a prepare may still need it: not every claim
+/// read ahead for it has been prepared; afterwards the entry only says that the pod is bound
+/// here and still pending (so that its next update asks for nothing again).
 pub(super) struct PodEntry {
     pub(super) namespace: String,
     pub(super) name: String,
@@ -68,8 +68,10 @@ impl Read {
     }
 }
 
-/// Keeps `pod` in `into` when it is bound, names claims and is not on its way out; returns the
-/// claims of a pending pod not asked for yet. A pod leaving drops its claims read ahead.
+/// Keeps `pod` in `into` while it is bound, names claims and is pending; returns its claims not
+/// asked for yet. A pod that starts, finishes or is on its way out is forgotten with its claims
+/// read ahead: the kubelet prepares every claim of a pod before it starts any container, so
+/// nothing reads them again (a prepare that comes after all the same reads the API).
 pub(super) fn admit(
     into: &mut HashMap<String, PodEntry>,
     previous: Option<&HashMap<String, PodEntry>>,
@@ -79,30 +81,27 @@ pub(super) fn admit(
     let Some(uid) = pod.metadata.uid.clone() else { return Vec::new() };
     let leaving = pod.metadata.deletion_timestamp.is_some()
         || pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
+    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|p| p == "Pending");
     let names = claim_names(&pod);
-    if leaving || names.is_empty() {
+    if leaving || !pending || names.is_empty() {
         into.remove(&uid);
         drop_claims_of(claims, &uid);
         return Vec::new();
     }
-    let pending = pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_none_or(|p| p == "Pending");
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let known = into.get(&uid).or_else(|| previous.and_then(|p| p.get(&uid)));
     let mut asked = known.map(|e| e.asked.clone()).unwrap_or_default();
     let prepared = known.map(|e| e.prepared.clone()).unwrap_or_default();
     let mut reads = Vec::new();
-    if pending {
-        for name in names {
-            if !asked.contains(&name) {
-                asked.push(name.clone());
-                reads.push(Read { namespace: namespace.clone(), name, pod: uid.clone() });
-            }
+    for name in names {
+        if !asked.contains(&name) {
+            asked.push(name.clone());
+            reads.push(Read { namespace: namespace.clone(), name, pod: uid.clone() });
         }
     }
     let name = pod.metadata.name.clone().unwrap_or_default();
     let mut entry = PodEntry { namespace, name, json: None, asked, prepared };
-    // A running pod's claims were all prepared before it started: nothing reads it again.
-    if pending && entry.awaits_prepares() {
+    if entry.awaits_prepares() {
         let Ok(json) = serde_json::to_vec(&slim::pod(&pod)) else { return Vec::new() };
         entry.json = Some(json.into());
     }
