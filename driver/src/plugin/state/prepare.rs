@@ -1,6 +1,8 @@
 //! Prepare: read the claim, work out its shares and spec, check its pod's containers, stage the
 //! files, then admit and commit under the lock; and the answer to the kubelet.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use cdi_spec::{Kind, QualifiedDeviceId};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use vgpu_scheduling::{ObjectName, PublishedDevice};
@@ -14,10 +16,26 @@ use crate::plugin::containers::{Consumer, top_level_requests, uses_of};
 use crate::plugin::error::PrepareError;
 use crate::plugin::failpoint::{FailPoint, fail_point};
 use crate::plugin::mig::MigTarget;
-use crate::plugin::storage::checkpoint::PreparedClaim;
+use crate::plugin::storage::checkpoint::{PreparedClaim, RecordSync};
 use crate::plugin::storage::held_spec::HeldSpec;
 use crate::plugin::storage::toolkit::toolkit_id;
 use crate::plugin::storage::{blocking, off_runtime};
+
+/// One prepare of a new claim counted in [`State::preparing`] while it lives.
+struct Preparing<'a>(&'a AtomicUsize);
+
+impl<'a> Preparing<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Preparing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// A claim read and worked out, not yet admitted.
 struct Built {
@@ -45,6 +63,7 @@ impl State {
             let toolkit = self.toolkit_devices().await;
             return Ok(self.answer(entry, &toolkit, &self.published().unwrap_or_default()));
         }
+        let _preparing = Preparing::enter(&self.preparing);
         // The files are made while the claim is read (a create can take a millisecond); a
         // claim refused before staging has them removed unused.
         let stager = self.stager();
@@ -64,10 +83,11 @@ impl State {
             self.changed();
             return Ok(self.answer(entry, &toolkit, &published));
         }
-        // The pod is read while the entry is written and fsynced (each about a millisecond); a
+        // The pod is read while the entry is written (and fsynced, among other prepares); a
         // refused claim's files are removed unseen.
+        let sync = RecordSync::for_prepare(self.preparing.load(Ordering::Relaxed).saturating_sub(1));
         let (checked, (toolkit, staged)) =
-            tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry, spec));
+            tokio::join!(self.check_containers(claim, &object, &entry.devices), stager.stage(&entry, spec, sync));
         let (consumer, staged) = match (checked, staged) {
             (Ok(consumer), Ok(staged)) => (consumer, staged),
             (Err(e), staged) => {
@@ -160,9 +180,10 @@ impl State {
         Ok(entry)
     }
 
-    /// The record renamed into place and made durable (the directory fsync shared with the
-    /// prepares in flight), then the claim's directory and its spec: a spec is never visible
-    /// before its record is durable. Runs without the lock; the claim is marked committing.
+    /// The record renamed into place and made durable (its fsync if it was not fsynced before
+    /// the rename, then the directory fsync shared with the prepares in flight), then the
+    /// claim's directory and its spec: a spec is never visible before its record is durable.
+    /// Runs without the lock; the claim is marked committing.
     ///
     /// The file work runs on blocking threads ([`off_runtime`]); a prepare runs in its own task,
     /// so it is never dropped between them.
@@ -176,7 +197,7 @@ impl State {
                 return Err(e);
             }
         };
-        if let Err(e) = off_runtime(move || record.rename()).await {
+        if let Err(e) = off_runtime(move || record.publish()).await {
             off_runtime(move || drop(spec)).await;
             return Err(e.into());
         }

@@ -63,6 +63,9 @@ impl State {
         for (e, aside) in &loaded.corrupt {
             tracing::error!(error = %chain(e), moved_to = ?aside, "checkpoint corrupt: record moved aside; the claim is re-adopted from its CDI spec and the API");
         }
+        for path in &loaded.cut_short {
+            tracing::warn!(path = %path.display(), "empty checkpoint record removed: a prepare cut short by a power loss before it was answered; the kubelet prepares the claim again");
+        }
         for (path, why) in &loaded.ignored {
             tracing::warn!(path = %path.display(), reason = %why, "checkpoint directory entry skipped");
         }
@@ -86,6 +89,7 @@ impl State {
             status: None,
             committed: tokio::sync::Notify::new(),
             record_sync: crate::coalesce::Coalesced::default(),
+            preparing: std::sync::atomic::AtomicUsize::new(0),
             changes: tokio::sync::watch::Sender::new(0),
             options,
             storage,

@@ -1,17 +1,18 @@
 //! A new claim's files, made while its claim is read: the checkpoint record's and the spec's temp
-//! files (from spares made ahead when there are some), written and fsynced beside their names.
+//! files (from spares made ahead when there are some), written beside their names; the record
+//! is fsynced here when other prepares are in flight, else after its rename ([`RecordSync`]).
 
 use cdi_spec::{Spec, SpecDir, StagedSpec};
 use vgpu_dra_runtime::sync::lock;
 
 use super::State;
 use crate::plugin::error::{PrepareError, chain};
-use crate::plugin::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, StagedRecord};
+use crate::plugin::storage::checkpoint::{Checkpoint, CheckpointError, PreparedClaim, RecordSync, WrittenRecord};
 use crate::plugin::storage::{blocking, joined, off_runtime};
 
-/// A claim's checkpoint record (durable) and spec, written beside their names, not yet visible.
+/// A claim's checkpoint record and spec, written beside their names, not yet visible.
 pub(super) struct StagedClaim {
-    pub(super) record: StagedRecord,
+    pub(super) record: WrittenRecord,
     pub(super) spec: StagedSpec,
 }
 
@@ -26,16 +27,21 @@ pub(super) struct Stager {
 type ReservedFiles = (Result<crate::fsutil::Reserved, CheckpointError>, Result<cdi_spec::ReservedSpec, cdi_spec::SpecDirError>);
 
 impl Stager {
-    /// Writes `entry`'s checkpoint record (fsynced) and `spec`, its spec parsed, into the files
-    /// made for them, off the runtime; with the toolkit's device names.
-    pub(super) async fn stage(self, entry: &PreparedClaim, spec: Spec) -> (Vec<String>, Result<StagedClaim, PrepareError>) {
+    /// Writes `entry`'s checkpoint record (fsynced as `sync` says) and `spec`, its spec parsed,
+    /// into the files made for them, off the runtime; with the toolkit's device names.
+    pub(super) async fn stage(
+        self,
+        entry: &PreparedClaim,
+        spec: Spec,
+        sync: RecordSync,
+    ) -> (Vec<String>, Result<StagedClaim, PrepareError>) {
         let (toolkit, (record, spec_file)) = joined(self.work.await);
         let (checkpoint, specs) = self.storage;
         let entry = entry.clone();
         let staged = off_runtime(move || {
             // A failed reservation drops the other one here, off the runtime.
             let (record, file) = (record?, spec_file?);
-            let record = checkpoint.stage_in(record, &entry, &spec)?;
+            let record = checkpoint.write_in(record, &entry, &spec, sync)?;
             let spec = specs.stage_in(file, entry.claim.uid.as_str(), &spec)?;
             Ok(StagedClaim { record, spec })
         });

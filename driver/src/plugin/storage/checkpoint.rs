@@ -1,6 +1,9 @@
 //! The checkpoint of prepared claims: one record per claim, versioned JSON with a checksum,
-//! written atomically before the kubelet hears that the claim is prepared and removed (durably)
-//! when it is unprepared. One file per claim keeps a prepare's cost independent of how many
+//! made durable before the kubelet hears that the claim is prepared and removed (durably) when
+//! it is unprepared. A record is written beside its name and renamed into place whole; a
+//! prepare alone fsyncs its record after the rename (one journal commit instead of two,
+//! [`RecordSync`]), so a power loss before it is answered can leave the record empty, which the
+//! load takes for the prepare cut short that it was. One file per claim keeps a prepare's cost independent of how many
 //! claims the node holds; a corrupt record is moved aside and reported, never a reason to
 //! crash-loop, and costs only that claim (which the state re-adopts from its CDI spec).
 //!
@@ -16,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use vgpu_scheduling::Uid;
 
+pub use super::record_file::{CheckpointError, RecordSync, StagedRecord, WrittenRecord};
 use crate::plugin::claim::{ClaimDevice, ClaimRef};
 
 /// The record format version this driver writes.
@@ -94,28 +98,6 @@ struct Legacy {
     claims: BTreeMap<Uid, Recorded>,
 }
 
-/// Checkpoint failures.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// A file cannot be read or written.
-    #[error("checkpoint {path}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: io::Error,
-    },
-    /// A file is not a valid record (truncated, edited, unknown version).
-    #[error("checkpoint {path} is corrupt: {reason}")]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
 /// What [`Checkpoint::load`] found.
 #[derive(Debug, Default)]
 pub struct Loaded {
@@ -127,6 +109,8 @@ pub struct Loaded {
     /// Entries that are not records at all (directories, links, FIFOs) or could not be read:
     /// skipped, never read blocking, never removed.
     pub ignored: Vec<(PathBuf, String)>,
+    /// Empty records, removed: prepares cut short by a power loss before they were answered.
+    pub cut_short: Vec<PathBuf>,
     /// The version-1 file was corrupt: any claim may have lost its record.
     pub legacy_lost: bool,
     /// Records moved aside by an earlier start whose claim was not re-adopted yet (the API did
@@ -149,6 +133,9 @@ impl Loaded {
 
 /// The largest record read: a claim's devices and its spec are a few KiB.
 const MAX_RECORD_BYTES: u64 = 4 << 20;
+
+/// A record's permission bits: only the driver reads its records.
+const RECORD_MODE: u32 = 0o600;
 
 /// The checkpoint directory.
 #[derive(Debug, Clone)]
@@ -216,6 +203,17 @@ impl Checkpoint {
                 continue;
             }
             let Some(stem) = name.strip_suffix(".json") else { continue };
+            if entry.metadata().is_ok_and(|m| m.len() == 0) {
+                // What a power loss between a prepare's rename and its fsync leaves (see
+                // `WrittenRecord::publish`): the prepare was never answered, and a spec of the
+                // claim on disk is older than it (a spec is written only once its record is
+                // durable), so the claim was not prepared.
+                match fs::remove_file(&path) {
+                    Ok(()) => loaded.cut_short.push(path),
+                    Err(e) => loaded.ignored.push((path, format!("empty record not removed: {e}"))),
+                }
+                continue;
+            }
             match read_record(&path, stem) {
                 Ok(claim) => {
                     loaded.claims.insert(claim.claim.uid.clone(), claim.held());
@@ -305,7 +303,7 @@ impl Checkpoint {
         Ok(recorded.spec)
     }
 
-    /// Creates an empty temp file in the checkpoint directory for [`Checkpoint::stage_in`], so
+    /// Creates an empty temp file in the checkpoint directory for [`Checkpoint::write_in`], so
     /// that the file exists before the record is known (see [`crate::fsutil::reserve`]).
     ///
     /// # Errors
@@ -320,7 +318,7 @@ impl Checkpoint {
     ///
     /// # Errors
     /// [`CheckpointError::Io`], also when `reserved` was made in another directory.
-    pub fn stage_in(
+    fn stage_in(
         &self,
         reserved: crate::fsutil::Reserved,
         claim: &PreparedClaim,
@@ -332,13 +330,37 @@ impl Checkpoint {
     }
 
     fn stage(&self, reserved: crate::fsutil::Reserved, claim: &RecordedRef<'_>) -> Result<StagedRecord, CheckpointError> {
+        let (path, body) = self.body(claim)?;
+        StagedRecord::fill(reserved, path, &body, RECORD_MODE)
+    }
+
+    /// A prepare's record, into a file made by [`Checkpoint::reserve`]: written beside its name
+    /// and fsynced when `sync` says so; [`WrittenRecord::publish`] makes it part of the
+    /// checkpoint once its claim is admitted. Dropping it removes the file.
+    ///
+    /// # Errors
+    /// [`CheckpointError::Io`], also when `reserved` was made in another directory.
+    pub fn write_in(
+        &self,
+        reserved: crate::fsutil::Reserved,
+        claim: &PreparedClaim,
+        spec: &Spec,
+        sync: RecordSync,
+    ) -> Result<WrittenRecord, CheckpointError> {
+        debug_assert!(claim.spec.is(spec), "a record holds the spec its claim holds");
+        let PreparedClaim { claim: claim_ref, devices, mig, .. } = claim;
+        let (path, body) = self.body(&RecordedRef { claim: claim_ref, devices, spec, mig })?;
+        WrittenRecord::write(reserved, path, &body, RECORD_MODE, sync)
+    }
+
+    /// The record file of `claim` and what it holds.
+    fn body(&self, claim: &RecordedRef<'_>) -> Result<(PathBuf, Vec<u8>), CheckpointError> {
         let path = self.record_path(&claim.claim.uid);
-        let io_err = |source| CheckpointError::Io { path: path.clone(), source };
         let record = Record { version: VERSION, checksum: checksum(claim), claim };
-        let body = serde_json::to_vec(&record).map_err(|e| io_err(io::Error::other(e)))?;
-        // Only the driver reads its records.
-        let staged = reserved.fill(&path, &body, 0o600).map_err(io_err)?;
-        Ok(StagedRecord { staged, path })
+        match serde_json::to_vec(&record) {
+            Ok(body) => Ok((path, body)),
+            Err(e) => Err(CheckpointError::Io { path, source: io::Error::other(e) }),
+        }
     }
 
     /// Removes the records of `uid` moved aside as corrupt, once the claim has been re-adopted
@@ -353,7 +375,7 @@ impl Checkpoint {
         }
     }
 
-    /// Makes every record renamed into the checkpoint so far ([`StagedRecord::rename`]) survive
+    /// Makes every record renamed into the checkpoint so far ([`WrittenRecord::publish`]) survive
     /// a crash: one fsync of the directory.
     ///
     /// # Errors
@@ -379,34 +401,6 @@ impl Checkpoint {
     pub fn forget(&self, uid: &Uid) -> Result<(), CheckpointError> {
         let path = self.record_path(uid);
         crate::fsutil::remove_durably(&path).map_err(|source| CheckpointError::Io { path, source })
-    }
-}
-
-/// A record written beside its final name, not yet part of the checkpoint.
-#[derive(Debug)]
-pub struct StagedRecord {
-    staged: crate::fsutil::Staged,
-    path: PathBuf,
-}
-
-impl StagedRecord {
-    /// Makes the record part of the checkpoint (rename, directory fsync).
-    ///
-    /// # Errors
-    /// [`CheckpointError::Io`]; a previous record is then unchanged.
-    pub fn commit(self) -> Result<(), CheckpointError> {
-        let Self { staged, path } = self;
-        staged.commit().map_err(|source| CheckpointError::Io { path, source })
-    }
-
-    /// First half of [`StagedRecord::commit`]: the rename, without the directory fsync that
-    /// makes it durable ([`Checkpoint::sync`], which one fsync can do for many records).
-    ///
-    /// # Errors
-    /// [`CheckpointError::Io`]; a previous record is then unchanged.
-    pub fn rename(self) -> Result<(), CheckpointError> {
-        let Self { staged, path } = self;
-        staged.rename().map_err(|source| CheckpointError::Io { path, source })
     }
 }
 
@@ -532,6 +526,49 @@ mod tests {
         assert!(loaded.corrupt[0].0.to_string().contains("checksum mismatch"), "{}", loaded.corrupt[0].0);
         fs::copy(cp.dir().join(format!("{B}.json")), &a).unwrap();
         assert!(cp.load().unwrap().corrupt[0].0.to_string().contains("another name"));
+    }
+
+    #[test]
+    fn a_prepares_record_is_part_of_the_checkpoint_only_once_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::new(dir.path().join("checkpoint"));
+        let names = || fs::read_dir(cp.dir()).unwrap().count();
+        for sync in [RecordSync::AfterRename, RecordSync::BeforeRename] {
+            drop(cp.write_in(cp.reserve().unwrap(), &sample(A), &spec_of(A), sync).unwrap());
+            assert_eq!(names(), 0, "a refused prepare's record leaves nothing");
+        }
+        let written = cp.write_in(cp.reserve().unwrap(), &sample(A), &spec_of(A), RecordSync::AfterRename).unwrap();
+        assert!(cp.load().unwrap().claims.is_empty(), "written, not part of the checkpoint");
+        assert_eq!(names(), 0, "a crash before the rename leaves a temp file, which the load removes");
+        drop(written);
+        for (uid, sync) in [(A, RecordSync::AfterRename), (B, RecordSync::BeforeRename)] {
+            cp.write_in(cp.reserve().unwrap(), &sample(uid), &spec_of(uid), sync).unwrap().publish().unwrap();
+            cp.sync().unwrap();
+            let loaded = cp.load().unwrap();
+            assert_eq!(loaded.claims[&Uid::new(uid).unwrap()], sample(uid), "{sync:?}");
+            assert_eq!(cp.spec_of(&sample(uid)).unwrap(), spec_of(uid));
+        }
+        assert_eq!(names(), 2, "under their own names only");
+        assert_eq!(RecordSync::for_prepare(0), RecordSync::AfterRename, "alone: one journal commit");
+        assert_eq!(RecordSync::for_prepare(1), RecordSync::BeforeRename, "among others: the fsyncs overlap");
+    }
+
+    #[test]
+    fn an_empty_record_is_a_prepare_cut_short_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::new(dir.path().join("checkpoint"));
+        record(&cp, B);
+        // What a power loss between a prepare's rename and its fsync can leave.
+        let a = cp.dir().join(format!("{A}.json"));
+        fs::write(&a, b"").unwrap();
+        let loaded = cp.load().unwrap();
+        assert_eq!(loaded.claims.keys().map(Uid::as_str).collect::<Vec<_>>(), [B]);
+        assert_eq!(loaded.cut_short, std::slice::from_ref(&a));
+        assert!(loaded.corrupt.is_empty() && !a.exists(), "removed, not moved aside: it holds nothing");
+        assert!(!loaded.may_have_lost(&Uid::new(A).unwrap()), "a spec of A is older than the prepare cut short: an orphan");
+        // Anything else short of a whole record is corrupt, as before.
+        fs::write(&a, b"{").unwrap();
+        assert_eq!(cp.load().unwrap().corrupt.len(), 1);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod held_spec;
 pub mod host;
+pub mod record_file;
 pub mod spares;
 pub mod toolkit;
 pub mod trash;
