@@ -1,6 +1,6 @@
 //! What the watch of this node's pods has found, and its bookkeeping: the pending pods bound
-//! here that name claims, and the claims read ahead for them. Pure: no I/O; [`super::node_pods`] feeds it
-//! from the watch and the reads, and hands out what it holds.
+//! here that name claims, and the claims read ahead for them. Pure: no I/O;
+//! [`super::node_pods`] feeds it from the watch and the reads, and hands out what it holds.
 
 use std::collections::HashMap;
 

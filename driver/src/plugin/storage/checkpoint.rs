@@ -3,8 +3,8 @@
 //! it is unprepared. A record is written beside its name and renamed into place whole; a
 //! prepare alone fsyncs its record after the rename (one journal commit instead of two,
 //! [`RecordSync`]), so a power loss before it is answered can leave the record empty, which the
-//! load takes for the prepare cut short that it was. One file per claim keeps a prepare's cost independent of how many
-//! claims the node holds; a corrupt record is moved aside and reported, never a reason to
+//! load takes for the prepare cut short that it was. One file per claim keeps a prepare's cost
+//! independent of how many claims the node holds; a corrupt record is moved aside and reported, never a reason to
 //! crash-loop, and costs only that claim (which the state re-adopts from its CDI spec).
 //!
 //! Version 1 kept every claim in one `checkpoint.json`; it is migrated on first load.
@@ -71,6 +71,13 @@ struct RecordedRef<'a> {
 impl<'a> RecordedRef<'a> {
     fn of(claim: &'a Recorded) -> Self {
         let Recorded { claim, devices, spec, mig } = claim;
+        Self { claim, devices, spec, mig }
+    }
+
+    /// The record of prepared claim `claim`, whose spec is `spec`.
+    fn of_prepared(claim: &'a PreparedClaim, spec: &'a Spec) -> Self {
+        debug_assert!(claim.spec.is(spec), "a record holds the spec its claim holds");
+        let PreparedClaim { claim, devices, mig, .. } = claim;
         Self { claim, devices, spec, mig }
     }
 }
@@ -324,9 +331,7 @@ impl Checkpoint {
         claim: &PreparedClaim,
         spec: &Spec,
     ) -> Result<StagedRecord, CheckpointError> {
-        debug_assert!(claim.spec.is(spec), "a record holds the spec its claim holds");
-        let PreparedClaim { claim: claim_ref, devices, mig, .. } = claim;
-        self.stage(reserved, &RecordedRef { claim: claim_ref, devices, spec, mig })
+        self.stage(reserved, &RecordedRef::of_prepared(claim, spec))
     }
 
     fn stage(&self, reserved: crate::fsutil::Reserved, claim: &RecordedRef<'_>) -> Result<StagedRecord, CheckpointError> {
@@ -347,9 +352,7 @@ impl Checkpoint {
         spec: &Spec,
         sync: RecordSync,
     ) -> Result<WrittenRecord, CheckpointError> {
-        debug_assert!(claim.spec.is(spec), "a record holds the spec its claim holds");
-        let PreparedClaim { claim: claim_ref, devices, mig, .. } = claim;
-        let (path, body) = self.body(&RecordedRef { claim: claim_ref, devices, spec, mig })?;
+        let (path, body) = self.body(&RecordedRef::of_prepared(claim, spec))?;
         WrittenRecord::write(reserved, path, &body, RECORD_MODE, sync)
     }
 

@@ -44,8 +44,8 @@ pub enum RecordSync {
 impl RecordSync {
     /// The order for a prepare with `others` other prepares in flight. Measured on a journaled
     /// ext4 disk (BENCHMARKS.md, issue 35, seventh pass): alone, fsyncing after the rename took
-    /// a third off a prepare; with 16 in flight it cost a tenth of the claims/s, the fsyncs no
-    /// longer overlapping the other prepares' work.
+    /// a third off a prepare; with 16 in flight it showed no gain, its runs at the low end of
+    /// the old order's, so prepares among others keep fsyncing while their claim is checked.
     pub fn for_prepare(others: usize) -> Self {
         if others == 0 { Self::AfterRename } else { Self::BeforeRename }
     }
